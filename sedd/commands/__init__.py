@@ -1,0 +1,1 @@
+"""One module per ``sedd`` sub-command; each exposes ``register(subparsers)``."""

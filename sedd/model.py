@@ -1,0 +1,398 @@
+"""Score networks: the protocol every model meets, and st3's single-cell transformers.
+
+Network definitions only: no sampling, no checkpoint files, no autocast decisions (those live in
+``sedd.sampling``, ``sedd.checkpoint`` and ``sedd.precision``).
+
+Score-model protocol
+--------------------
+Any module the samplers can drive (``ScoreModel``, defined in ``sedd.precision`` and re-exported
+here) provides:
+
+* ``parametrisation: Literal["x0", "score"]``: what ``forward`` returns (below).
+* ``vocab_size: int``: V, the number of token classes *including* the mask/absorbing token when
+  the model has one.
+* ``mask_index: int | None``: the absorbing (mask) token, ``None`` for uniform-graph models.
+* ``forward(x, sigma, labels=None, cell_types=None) -> Tensor (B, L, V)`` with ``x`` a
+  LongTensor (B, L) of tokens and ``sigma`` a FloatTensor (B,) holding the *total* noise
+  sigma(t) of each row (rows may differ). ``labels`` / ``cell_types`` are conditioning inputs;
+  a model that has none raises ``ValueError`` when they are given.
+
+  - ``"x0"``: logits over the V classes of the clean token at each position. The mask class is
+    part of V; the sampler excludes it before drawing.
+  - ``"score"``: the log of the SEDD concrete score, log s(x, sigma)_y = log p_t(y) / p_t(x),
+    exactly as reference SEDD's model returns it (the entry of the current token is 0).
+
+An x0 output may be bf16 under autocast; the sampler casts it to fp32 at the boundary.
+
+Models
+------
+* ``SEDDTransformer`` / ``SEDDPerturbationTransformer`` (here): st3's x0 networks, with st3's
+  exact state-dict layout (vocab = num_bins + 1, mask index = num_bins).
+* ``sedd.ddit.DDiT``: reference SEDD's diffusion transformer, score parametrisation. It shares
+  ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention`` with this module.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sedd.precision import ScoreModel
+
+__all__ = [
+    "RotaryEmbedding",
+    "SEDDPerturbationTransformer",
+    "SEDDTransformer",
+    "ScoreModel",
+    "check_inputs",
+    "rope_attention",
+    "sinusoidal_embedding",
+]
+
+
+def check_inputs(x: torch.Tensor, sigma: torch.Tensor, max_len: int | None = None) -> None:
+    """Raise ``ValueError`` unless x is (B, L), sigma is (B,) and L <= ``max_len``."""
+    if x.dim() != 2:
+        raise ValueError(f"`x` must be a (B, L) token tensor, got shape {tuple(x.shape)}.")
+    if sigma.shape != (x.shape[0],):
+        raise ValueError(
+            f"`sigma` must have shape (B,) = ({x.shape[0]},), got {tuple(sigma.shape)}; "
+            "pass one total-noise value per row."
+        )
+    if max_len is not None and x.shape[1] > max_len:
+        raise ValueError(f"sequence length {x.shape[1]} exceeds the model's maximum {max_len}.")
+
+
+def sinusoidal_embedding(
+    sigma: torch.Tensor, dim: int, order: Literal["sin_cos", "cos_sin"], max_period: float = 1e4
+) -> torch.Tensor:
+    """(B,) -> (B, dim) features: f_i = max_period^(-i / half), i < half = dim // 2.
+
+    ``"sin_cos"`` gives [sin(sigma f), cos(sigma f)] (st3); ``"cos_sin"`` gives
+    [cos(sigma f), sin(sigma f)] (reference SEDD / DiT). An odd ``dim`` is zero-padded.
+    """
+    half = dim // 2
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=sigma.device) / half
+    )  # (half,)
+    args = sigma.float()[:, None] * freqs[None]  # (B, half)
+    parts = [args.sin(), args.cos()] if order == "sin_cos" else [args.cos(), args.sin()]
+    emb = torch.cat(parts, dim=-1)  # (B, 2 * half)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+class SinusoidalEmbedding(nn.Module):
+    """Parameter-free ``sinusoidal_embedding(sigma, dim, "sin_cos")`` (st3's ``time_embed.0``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, sigma: torch.Tensor) -> torch.Tensor:
+        return sinusoidal_embedding(sigma, self.dim, "sin_cos")  # (B, dim)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE: q' = q cos(p w) + rotate_half(q) sin(p w), w_j = base^(-2j / d).
+
+    ``inv_freq`` (d/2,) is a persistent buffer, as both st3 and reference SEDD store it.
+    rotate_half([a, b]) = [-b, a] on the two halves of the head dimension.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10_000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}.")
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q, k of shape (B, heads, L, d) by their position along L."""
+        seq_len = q.shape[-2]
+        pos = torch.arange(seq_len, device=q.device, dtype=self.inv_freq.dtype)
+        freqs = torch.outer(pos, self.inv_freq)  # (L, d/2)
+        angles = torch.cat([freqs, freqs], dim=-1)  # (L, d)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    first, second = t.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def rope_attention(qkv: torch.Tensor, n_heads: int, rotary: RotaryEmbedding) -> torch.Tensor:
+    """Non-causal multi-head SDPA with RoPE on q, k: (B, L, 3H) -> (B, L, H)."""
+    b, length, three_h = qkv.shape
+    head_dim = three_h // (3 * n_heads)
+    q, k, v = qkv.view(b, length, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
+    q, k = rotary(q, k)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=False)  # (B, h, L, d)
+    return out.transpose(1, 2).reshape(b, length, n_heads * head_dim)
+
+
+# ----------------------------------------------------------------------------------------------
+# st3 single-cell transformers (x0 parametrisation)
+# ----------------------------------------------------------------------------------------------
+
+
+def _mlp(dim_in: int, hidden: int, dim_out: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(dim_in, hidden), nn.GELU(), nn.Linear(hidden, dim_out))
+
+
+class AdaLayerNorm(nn.Module):
+    """adaLN: ``gamma * LayerNorm(x) + beta`` (no affine, no 1 + gamma), [gamma|beta] = W c + b."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma_beta = nn.Linear(dim, 2 * dim)
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        gamma, beta = self.gamma_beta(c)[:, None].chunk(2, dim=-1)  # (B, 1, H) each
+        return gamma * F.layer_norm(x, (self.dim,)) + beta  # (B, L, H)
+
+
+class ST3Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out_proj = nn.Linear(dim, dim, bias=False)
+        self.rotary = RotaryEmbedding(dim // n_heads)  # registered last, as st3 orders its keys
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(rope_attention(self.qkv(x), self.n_heads, self.rotary))  # (B, L, H)
+
+
+class ST3FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(dim, mult * dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(mult * dim, dim),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ST3Block(nn.Module):
+    """Pre-norm block: h = x + attn(adaLN(x, c)); out = h + ff(adaLN(h, c))."""
+
+    def __init__(self, dim: int, n_heads: int, ff_mult: int, dropout: float) -> None:
+        super().__init__()
+        self.attn_norm = AdaLayerNorm(dim)
+        self.attn = ST3Attention(dim, n_heads)
+        self.ff_norm = AdaLayerNorm(dim)
+        self.ff = ST3FeedForward(dim, ff_mult, dropout)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x, c))  # (B, L, H)
+        return x + self.ff(self.ff_norm(x, c))
+
+
+class _ST3Base(nn.Module):
+    """Shared trunk: logits = out_proj(adaLN(blocks(token_embed(x) + gene_embed(pos), c), c)).
+
+    ``c = time_embed(sigma)`` (+ conditioning added by subclasses), with
+    time_embed = [sinusoidal(H) = [sin(sigma f), cos(sigma f)], f_i = 10000^(-i/(H/2))]
+    -> Linear(H, 4H) -> GELU -> Linear(4H, H). ``c`` enters adaLN without an activation.
+    GELU is exact (erf) and LayerNorm eps is 1e-5; these and the sin-then-cos order were pinned
+    by matching st3's own outputs (tests/test_model_parity.py) to ~1e-9.
+    """
+
+    parametrisation: Literal["x0", "score"] = "x0"
+
+    def __init__(
+        self,
+        num_genes: int,
+        num_bins: int,
+        hidden_dim: int,
+        num_layers: int,
+        num_heads: int,
+        ff_mult: int,
+        dropout: float,
+        max_seq_len: int | None,
+    ) -> None:
+        super().__init__()
+        if hidden_dim % num_heads or (hidden_dim // num_heads) % 2:
+            raise ValueError(
+                f"`hidden_dim` ({hidden_dim}) must split into `num_heads` ({num_heads}) heads of "
+                "even size."
+            )
+        self.num_genes, self.num_bins, self.hidden_dim = num_genes, num_bins, hidden_dim
+        self.vocab_size: int = num_bins + 1
+        self.mask_index: int | None = num_bins
+        self.max_seq_len = min(max_seq_len or num_genes, num_genes)
+        self.token_embed = nn.Embedding(self.vocab_size, hidden_dim)
+        self.gene_embed = nn.Embedding(num_genes, hidden_dim)
+        self.time_embed = nn.Sequential(
+            SinusoidalEmbedding(hidden_dim),
+            nn.Linear(hidden_dim, 4 * hidden_dim),
+            nn.GELU(),
+            nn.Linear(4 * hidden_dim, hidden_dim),
+        )
+        self.blocks = nn.ModuleList(
+            ST3Block(hidden_dim, num_heads, ff_mult, dropout) for _ in range(num_layers)
+        )
+        self.out_norm = AdaLayerNorm(hidden_dim)
+        self.out_proj = nn.Linear(hidden_dim, self.vocab_size, bias=False)
+
+    def _init_weights(self) -> None:
+        """N(0, 0.02) for Linear / Embedding weights, zero biases (st3's init)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def _condition(
+        self, sigma: torch.Tensor, labels: torch.Tensor | None, cell_types: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, L) tokens, sigma (B,) total noise -> logits (B, L, V) of the clean token."""
+        check_inputs(x, sigma, self.max_seq_len)
+        c = self._condition(sigma, labels, cell_types)  # (B, H)
+        pos = torch.arange(x.shape[1], device=x.device)
+        h = self.token_embed(x) + self.gene_embed(pos)[None]  # (B, L, H)
+        for block in self.blocks:
+            h = block(h, c)
+        return self.out_proj(self.out_norm(h, c))  # (B, L, V)
+
+    def score(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """st3's ``score``: log_softmax(logits) over all V classes, mask included (B, L, V)."""
+        return F.log_softmax(self(x, sigma, labels=labels, cell_types=cell_types), dim=-1)
+
+
+class SEDDTransformer(_ST3Base):
+    """st3's unconditional model: c = time_embed(sigma).
+
+    ``max_seq_len`` bounds L (default and upper limit: ``num_genes``, one gene embedding a row).
+    """
+
+    def __init__(
+        self,
+        num_genes: int,
+        num_bins: int,
+        hidden_dim: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        ff_mult: int = 4,
+        dropout: float = 0.1,
+        max_seq_len: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_genes, num_bins, hidden_dim, num_layers, num_heads, ff_mult, dropout, max_seq_len
+        )
+        self._init_weights()
+
+    def _condition(
+        self, sigma: torch.Tensor, labels: torch.Tensor | None, cell_types: torch.Tensor | None
+    ) -> torch.Tensor:
+        if labels is not None or cell_types is not None:
+            name = "labels" if labels is not None else "cell_types"
+            raise ValueError(
+                f"`{name}` was given, but SEDDTransformer is unconditional; "
+                "use a SEDDPerturbationTransformer checkpoint for conditional generation."
+            )
+        return self.time_embed(sigma)  # (B, H)
+
+
+class SEDDPerturbationTransformer(_ST3Base):
+    """st3's perturbation model: c = time_embed(sigma) + pert_proj(e) [+ cell_type_proj(ct)].
+
+    e = pert_embed(label) for a LongTensor (B,) of perturbation indices, or
+    e = precomputed_proj(v) for a FloatTensor (B, E) of precomputed vectors (e.g. ESM2).
+    """
+
+    def __init__(
+        self,
+        num_genes: int,
+        num_bins: int,
+        num_perturbations: int,
+        hidden_dim: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        ff_mult: int = 4,
+        dropout: float = 0.1,
+        precomputed_emb_dim: int | None = None,
+        num_cell_types: int | None = None,
+    ) -> None:
+        super().__init__(
+            num_genes, num_bins, hidden_dim, num_layers, num_heads, ff_mult, dropout, None
+        )
+        self.num_perturbations = num_perturbations
+        self.pert_embed = nn.Embedding(num_perturbations, hidden_dim)
+        self.precomputed_proj: nn.Linear | None = None
+        if precomputed_emb_dim:
+            self.precomputed_proj = nn.Linear(precomputed_emb_dim, hidden_dim)
+        self.cell_type_embed: nn.Embedding | None = None
+        self.cell_type_proj: nn.Sequential | None = None
+        if num_cell_types:
+            self.cell_type_embed = nn.Embedding(num_cell_types, hidden_dim)
+            self.cell_type_proj = _mlp(hidden_dim, 4 * hidden_dim, hidden_dim)
+        self.pert_proj = _mlp(hidden_dim, 4 * hidden_dim, hidden_dim)
+        self._init_weights()
+
+    def _condition(
+        self, sigma: torch.Tensor, labels: torch.Tensor | None, cell_types: torch.Tensor | None
+    ) -> torch.Tensor:
+        batch = sigma.shape[0]
+        if labels is None:
+            raise ValueError(
+                "`labels` is required by SEDDPerturbationTransformer: pass a LongTensor (B,) of "
+                "perturbation indices or a FloatTensor (B, E) of precomputed vectors."
+            )
+        if labels.shape[0] != batch:
+            raise ValueError(f"`labels` must have {batch} rows, got shape {tuple(labels.shape)}.")
+        if labels.dim() == 1 and not labels.is_floating_point():
+            pert = self.pert_embed(labels)  # (B, H)
+        elif labels.dim() == 2 and labels.is_floating_point():
+            if self.precomputed_proj is None:
+                raise ValueError(
+                    f"`labels` is a vector batch of shape {tuple(labels.shape)}, but this model "
+                    "has no precomputed_proj; pass perturbation indices (LongTensor (B,))."
+                )
+            pert = self.precomputed_proj(labels)  # (B, H)
+        else:
+            raise ValueError(
+                "`labels` must be a LongTensor (B,) or a FloatTensor (B, E), got "
+                f"{labels.dtype} of shape {tuple(labels.shape)}."
+            )
+        c = self.time_embed(sigma) + self.pert_proj(pert)  # (B, H)
+        if cell_types is not None:
+            if self.cell_type_embed is None or self.cell_type_proj is None:
+                raise ValueError(
+                    "`cell_types` was given, but this model has no cell-type embedding; "
+                    "leave it out."
+                )
+            if cell_types.shape != (batch,):
+                raise ValueError(
+                    f"`cell_types` must have shape ({batch},), got {tuple(cell_types.shape)}."
+                )
+            c = c + self.cell_type_proj(self.cell_type_embed(cell_types))
+        return c

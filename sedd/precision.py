@@ -1,0 +1,256 @@
+"""The precision policy (../shared/PRECISION.md), in one place.
+
+This is the only module that enters ``torch.autocast`` or casts around a model:
+
+* ``resolve_precision`` turns a user's request ("auto", "bf16", "fp16", "fp32") and a device into
+  a ``PrecisionPolicy``, failing fast with a message that says what to use instead (rule 6).
+* ``PrecisionPolicy.forward`` runs the model forward under autocast and hands the sampler an fp32
+  tensor (rules 2 and 3). Rows whose output is not finite are recomputed in fp32 and counted
+  (rule 5).
+* ``fp32_region`` is the fp32 island a model uses for numerically sensitive tails (e.g. the
+  ``log(expm1(sigma))`` scaling of a SEDD score network).
+* ``PrecisionPolicy.record`` is what every output stores (rule 8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+AmpName = Literal["auto", "bf16", "fp16", "fp32", "off"]
+
+_DTYPES: dict[str, torch.dtype | None] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": None,
+    "off": None,
+}
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
+
+
+class PrecisionError(ValueError):
+    """A precision setting the device cannot honour."""
+
+
+class NonFiniteScoreError(RuntimeError):
+    """The model produced NaN/Inf even in fp32: the request cannot be completed."""
+
+
+class ScoreModel(Protocol):
+    """What any module must provide to be sampled (see ``sedd.model`` for the full contract)."""
+
+    parametrisation: Literal["x0", "score"]
+    vocab_size: int
+    mask_index: int | None
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+def amp_dtype_from_name(name: str) -> torch.dtype | None:
+    """``"bf16" -> torch.bfloat16``; ``"fp32"``/``"off"`` -> ``None`` (autocast off)."""
+    if name not in _DTYPES:
+        raise PrecisionError(
+            f"precision must be one of 'auto', 'bf16', 'fp16', 'fp32', 'off'; got {name!r}."
+        )
+    return _DTYPES[name]
+
+
+def amp_name(dtype: torch.dtype | None) -> str:
+    """Inverse of ``amp_dtype_from_name``: ``torch.bfloat16 -> "bf16"``, ``None -> "fp32"``."""
+    if dtype == torch.float32:
+        return "fp32"
+    if dtype not in _NAMES:
+        raise PrecisionError(f"amp_dtype must be bfloat16, float16 or None, got {dtype}.")
+    return _NAMES[dtype]
+
+
+def _cpu_supports_bf16() -> bool:
+    # precision: CPU bf16 autocast is allowed (and fast with AMX/AVX512-BF16); torch reports
+    # whether the oneDNN bf16 path exists.
+    return bool(getattr(torch.backends.mkldnn, "is_available", lambda: False)())
+
+
+def _device_supports_bf16(device: torch.device) -> bool:
+    match device.type:
+        case "cuda":
+            return torch.cuda.is_bf16_supported()
+        case "cpu":
+            return _cpu_supports_bf16()
+        case "mps":
+            mps = getattr(torch.backends, "mps", None)
+            return bool(
+                mps is not None
+                and hasattr(mps, "is_macos_or_newer")
+                and mps.is_macos_or_newer(14, 0)
+            )
+        case _:
+            return False
+
+
+@dataclass
+class PrecisionPolicy:
+    """How model forwards run on one device.
+
+    ``amp_dtype`` is ``None`` for plain fp32. ``fp32_fallbacks`` counts rows recomputed in fp32
+    because their reduced-precision output was not finite; it goes into every precision record.
+    """
+
+    device: torch.device
+    amp_dtype: torch.dtype | None = torch.bfloat16
+    tf32: bool = False
+    weight_dtype: torch.dtype = torch.float32
+    fp32_fallbacks: int = field(default=0)
+
+    @property
+    def name(self) -> str:
+        return amp_name(self.amp_dtype)
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Autocast for a model forward only (rule 2); a no-op for fp32."""
+        if self.amp_dtype is None:
+            with torch.autocast(self.device.type, enabled=False):
+                yield
+        else:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype):
+                yield
+
+    def forward(
+        self,
+        model: ScoreModel,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run ``model`` under this policy and return its output in fp32.
+
+        x: (B, L) tokens; sigma: (B,) total noise per row. ``positions`` (B, L) bool selects the
+        positions the sampler needs; the output is then (M, V) for the M selected positions
+        (row-major), otherwise (B, L, V). A row whose output holds NaN/Inf is recomputed in fp32
+        (rule 5); if fp32 fails too, ``NonFiniteScoreError`` is raised.
+        """
+        with torch.inference_mode(), self.autocast():
+            raw = model(x, sigma, labels=labels, cell_types=cell_types)  # (B, L, V)
+        out = self._gather_fp32(raw, positions)
+        bad_rows = self._bad_rows(out, positions, x.shape[0])
+        if bad_rows.numel() == 0:
+            return out
+        # precision: rule 5, recompute only the affected rows with autocast off.
+        self.fp32_fallbacks += int(bad_rows.numel())
+        with torch.inference_mode(), torch.autocast(self.device.type, enabled=False):
+            redo = model(
+                x[bad_rows],
+                sigma[bad_rows],
+                labels=None if labels is None else labels[bad_rows],
+                cell_types=None if cell_types is None else cell_types[bad_rows],
+            ).float()
+        if not torch.isfinite(redo).all():
+            raise NonFiniteScoreError(
+                f"model output is not finite for rows {bad_rows.tolist()} even in fp32; "
+                "check the checkpoint weights and the inputs."
+            )
+        if positions is None:
+            out[bad_rows] = redo
+            return out
+        full = torch.zeros(x.shape[0], *redo.shape[1:], dtype=out.dtype, device=out.device)
+        full[bad_rows] = redo
+        fixed = full[positions]  # (M, V), only the redone rows are non-zero
+        row_of = self._row_of_position(positions)
+        redone = torch.isin(row_of, bad_rows)
+        out[redone] = fixed[redone]
+        return out
+
+    @staticmethod
+    def _gather_fp32(raw: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        # precision: rule 3, the output leaves autocast as fp32 before any scaling.
+        if positions is None:
+            return raw.float()
+        return raw[positions].float()
+
+    @staticmethod
+    def _row_of_position(positions: torch.Tensor) -> torch.Tensor:
+        return positions.nonzero()[:, 0]
+
+    def _bad_rows(
+        self, out: torch.Tensor, positions: torch.Tensor | None, batch: int
+    ) -> torch.Tensor:
+        finite = torch.isfinite(out).flatten(1).all(dim=1)
+        if positions is None:
+            return (~finite).nonzero().flatten()
+        bad_positions = ~finite
+        if not bad_positions.any():
+            return torch.empty(0, dtype=torch.long, device=out.device)
+        rows = self._row_of_position(positions)[bad_positions]
+        return torch.unique(rows)
+
+    def record(self) -> dict[str, object]:
+        """The precision record stored with every output (rule 8)."""
+        return {
+            "amp_dtype": self.name,
+            "weight_dtype": str(self.weight_dtype).removeprefix("torch."),
+            "tf32": self.tf32,
+            "device": str(self.device),
+            "torch_version": torch.__version__,
+            "fp32_fallbacks": self.fp32_fallbacks,
+        }
+
+
+def resolve_precision(
+    requested: AmpName | str, device: torch.device | str, tf32: bool = False
+) -> PrecisionPolicy:
+    """Apply the device rules (PRECISION.md rule 6) and return a policy.
+
+    - CUDA: bf16 needs ``torch.cuda.is_bf16_supported()``; fp16 is allowed.
+    - CPU: bf16 is allowed when supported; fp16 is refused.
+    - MPS: fp16 default, bf16 only if supported.
+    - ``auto``: bf16 on bf16-capable CUDA and CPU (fp16 on MPS), else fp32.
+    TF32 (CUDA matmuls) is an explicit setting; it is applied here and recorded.
+    """
+    device = torch.device(device)
+    if requested == "auto":
+        if device.type == "mps":
+            requested = "fp16"
+        elif device.type in ("cuda", "cpu") and _device_supports_bf16(device):
+            requested = "bf16"
+        else:
+            requested = "fp32"
+    dtype = amp_dtype_from_name(requested)
+    if dtype == torch.bfloat16 and not _device_supports_bf16(device):
+        alt = "'fp16' or 'fp32'" if device.type in ("cuda", "mps") else "'fp32'"
+        raise PrecisionError(
+            f"precision 'bf16' is not supported on device {device}; use {alt} instead."
+        )
+    if dtype == torch.float16 and device.type == "cpu":
+        raise PrecisionError(
+            "precision 'fp16' is refused on CPU (no fast fp16 kernels, and fp16 range overflows); "
+            "use 'bf16' or 'fp32' instead."
+        )
+    if tf32 and device.type != "cuda":
+        raise PrecisionError(f"tf32=True only applies to CUDA devices, got device {device}.")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    return PrecisionPolicy(device=device, amp_dtype=dtype, tf32=tf32)
+
+
+@contextlib.contextmanager
+def fp32_region(device_type: str) -> Iterator[None]:
+    """An fp32 island inside a model forward: autocast off for the enclosed ops.
+
+    Inputs must be cast with ``.float()`` by the caller; ops inside then run in fp32 even when
+    the surrounding forward runs under bf16/fp16 autocast.
+    """
+    with torch.autocast(device_type, enabled=False):
+        yield

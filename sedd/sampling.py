@@ -1,0 +1,435 @@
+"""Reverse-diffusion samplers: one stateless step, one visible loop.
+
+A sampler holds the model, noise schedule, graph and precision policy; it keeps no per-request
+state, so one instance serves any number of requests. Randomness comes from one
+``torch.Generator`` per row (cell): a cell's draws depend only on its own generator, never on
+which other rows share its batch. ``cell_generators(seed, cell_indices)`` derives them, so cell i
+of a request is reproducible from (seed, i) alone.
+
+The reverse step from time t to s < t (per row) at the positions that can still change:
+
+* Euler (Lou et al. 2024, eq. 17): p(x_s = y) = 1[y = x] + (t - s) sigma'(t) R_rev(x, y), with the
+  reverse rate R_rev(x, y) = Q(y, x) s_theta(x)_y.
+* Analytic / Tweedie tau-leaping: p(x_s = y) = [exp(-dsigma Q) s_theta](y) * exp(dsigma Q)(x, y),
+  dsigma = sigma(t) - sigma(s).
+* A row with s == 0 takes the final denoise: the analytic step at dsigma = sigma(t), with the
+  absorbing mask removed from the candidates, so the mask is never emitted.
+
+An x0 model (st3) predicts p(x_0 | x_t); under the absorbing graph its concrete score at a masked
+position is s_y = p(x_0 = y | x_t) / (e^sigma - 1) for y != mask (and 1 at the mask itself). With
+log-linear noise both predictors then unmask exactly (t - s) / t of the masked positions, 1/N at
+the first of N uniform steps (st3 draws p_unmask = 1 - exp(-sigma'(t) dt), ~100% at t = 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sedd.graph import Graph
+from sedd.noise import Noise
+from sedd.precision import PrecisionPolicy, ScoreModel, resolve_precision
+
+Predictor = Literal["euler", "analytic"]
+DenoiseMode = Literal["sample", "argmax"]
+
+# Positions handled per chunk of the fp32 transition / fp64 draw work, bounding temporaries.
+_CHUNK_POSITIONS = 1 << 16
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What the per-step hook receives."""
+
+    step: int  # 1-based; the final denoise is step == steps + 1
+    steps: int
+    t: float
+    rows: int
+    fraction_masked: float  # of all positions in the batch after this step (0 for uniform graphs)
+    seconds: float
+    fp32_fallbacks: int
+
+
+def cell_generators(
+    seed: int, cell_indices: Sequence[int] | range, device: torch.device | str = "cpu"
+) -> list[torch.Generator]:
+    """One generator per cell, seeded from (seed, cell index) through NumPy's SeedSequence.
+
+    Cell i's stream is the same whatever batch, shard or server request it runs in.
+    """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}.")
+    gens = []
+    for i in cell_indices:
+        state = np.random.SeedSequence([seed, int(i)]).generate_state(1, np.uint64)[0]
+        gens.append(torch.Generator(device=device).manual_seed(int(state)))
+    return gens
+
+
+def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
+
+    Probabilities need not be normalised; negatives count as 0. The CDF is accumulated in fp64,
+    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it, FIELD.md). A
+    zero-probability category is never returned.
+    """
+    if uniforms.dtype != torch.float64:
+        raise TypeError(f"uniforms must be float64 (PRECISION.md rule 4), got {uniforms.dtype}.")
+    cdf = probs.clamp_min(0).double().cumsum(dim=-1)  # (M, V)
+    total = cdf[:, -1:]
+    target = torch.minimum(
+        uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
+    )
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def _temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Raise the jump probabilities (all but the current token's) to 1/T, keeping their total.
+
+    For an x0 model this is softmax(logits / T) over the candidates; the chance of moving at all
+    (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when.
+    """
+    jump = probs.clamp_min(0).scatter(-1, current[:, None], 0.0)  # (M, V)
+    mass = jump.sum(dim=-1, keepdim=True)
+    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature[:, None]
+    tempered = torch.softmax(log_jump.masked_fill(jump <= 0, -torch.inf), dim=-1)
+    tempered = torch.nan_to_num(tempered, nan=0.0) * mass
+    stay = probs.gather(-1, current[:, None]).clamp_min(0)
+    return tempered.scatter(-1, current[:, None], stay)
+
+
+class Sampler:
+    """Reverse-diffusion sampler over a score model (see ``sedd.model`` for the protocol).
+
+    ``predictor`` selects the Euler or analytic (Tweedie) step. ``use_amp``/``amp_dtype`` follow
+    st3's constructor; ``precision`` (a resolved ``PrecisionPolicy``) overrides them.
+    """
+
+    predictor: Predictor = "euler"
+
+    def __init__(
+        self,
+        model: ScoreModel,
+        noise: Noise,
+        graph: Graph,
+        use_amp: bool = True,
+        amp_dtype: torch.dtype = torch.bfloat16,
+        *,
+        device: torch.device | str | None = None,
+        precision: PrecisionPolicy | None = None,
+        denoise: DenoiseMode = "sample",
+        predictor: Predictor | None = None,
+    ) -> None:
+        if model.vocab_size != graph.dim:
+            raise ValueError(
+                f"model vocab_size {model.vocab_size} does not match graph dim {graph.dim}."
+            )
+        if model.mask_index != graph.mask_index:
+            raise ValueError(
+                f"model mask_index {model.mask_index} does not match the graph's "
+                f"{graph.mask_index}."
+            )
+        if model.parametrisation not in ("x0", "score"):
+            raise ValueError(
+                f"model parametrisation must be 'x0' or 'score', got {model.parametrisation!r}."
+            )
+        if model.parametrisation == "x0" and not graph.absorb:
+            raise ValueError("an x0 (clean-token) model needs the absorbing graph.")
+        if device is None:
+            params = list(getattr(model, "parameters", lambda: [])())
+            device = params[0].device if params else torch.device("cpu")
+        if precision is None:
+            name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp_dtype, "fp32")
+            precision = resolve_precision(name if use_amp else "fp32", device)
+        self.model, self.noise, self.graph, self.precision = model, noise, graph, precision
+        self.device = torch.device(device)
+        self.denoise_mode: DenoiseMode = denoise
+        if predictor is not None:
+            self.predictor = predictor
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        s: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+        temperature: float | torch.Tensor = 1.0,
+        fixed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One reverse step of every row from time t to s (both (B,), fp64; rows may differ).
+
+        x: (B, L) tokens; ``generators``: one per row (each cell its own stream), or a single one
+        shared by all rows (one request). Rows with s == 0 are denoised (final step).
+        ``fixed`` (B, L) bool marks given positions that never change (imputation).
+        Returns the new (B, L) tokens; ``x`` is not modified.
+        """
+        num_rows = x.shape[0]
+        if len(generators) not in (1, num_rows):
+            raise ValueError(
+                f"need one generator per row or one in all: {num_rows} rows, {len(generators)}."
+            )
+        active = self.graph.active_positions(x)  # (B, L)
+        if fixed is not None:
+            active &= ~fixed
+        if not active.any():
+            return x
+        t = t.to(device=x.device, dtype=torch.float64)
+        s = s.to(device=x.device, dtype=torch.float64)
+        sigma_t = self.noise.total_noise(t)  # (B,)
+        out = self.precision.forward(  # (M, V) fp32 at the active positions
+            self.model, x, sigma_t.float(), labels, cell_types, positions=active
+        )
+        per_row = active.sum(dim=1)
+        rows = torch.repeat_interleave(torch.arange(num_rows, device=x.device), per_row)  # (M,)
+        uniforms = self._uniforms(generators, per_row, x.device)  # (M,) fp64, like x[active]
+        temp = torch.as_tensor(temperature, dtype=torch.float32, device=x.device)
+        temp = temp.expand(num_rows) if temp.ndim == 0 else temp
+        if (temp <= 0).any():
+            raise ValueError(f"temperature must be > 0, got {temp.min().item()}.")
+        current = x[active]
+        new = torch.empty_like(current)
+        sigma_s = torch.where(s > 0, self.noise.total_noise(s.clamp_min(0)), 0.0)
+        for lo in range(0, current.shape[0], _CHUNK_POSITIONS):
+            sl = slice(lo, lo + _CHUNK_POSITIONS)
+            r = rows[sl]
+            probs = self._transition_probs(
+                out[sl], current[sl], sigma_t[r], sigma_s[r], t[r], s[r], s[r] <= 0
+            )
+            if not torch.all(temp[r] == 1):
+                probs = _temper(probs, current[sl], temp[r])
+            new[sl] = self._draw(probs, uniforms[sl], s[r] <= 0)
+        x_next = x.clone()
+        x_next[active] = new
+        return x_next
+
+    @staticmethod
+    def _uniforms(
+        generators: Sequence[torch.Generator], per_row: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
+        """fp64 uniforms for the active positions, row-major, from the rows' generators."""
+        if len(generators) == 1:
+            total = int(per_row.sum())
+            return torch.rand(total, generator=generators[0], dtype=torch.float64, device=device)
+        return torch.cat(
+            [
+                torch.rand(int(n), generator=g, dtype=torch.float64, device=device)
+                for g, n in zip(generators, per_row.tolist(), strict=True)
+                if n > 0
+            ]
+        )
+
+    def denoise(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        generators: Sequence[torch.Generator],
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+        temperature: float | torch.Tensor = 1.0,
+        fixed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final denoise at time t: every remaining mask becomes a real token."""
+        return self.step(
+            x, t, torch.zeros_like(t), generators, labels, cell_types, temperature, fixed
+        )
+
+    def _score(self, out: torch.Tensor, current: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Concrete score (ratios) at active positions, (M, V) fp32, for either parametrisation."""
+        if self.model.parametrisation == "score":
+            return out.exp()
+        # x0: p(x_0 | x_t) over real tokens, divided by e^sigma - 1; the mask's own entry is 1.
+        mask = self.graph.dim - 1
+        log_p0 = torch.log_softmax(out[:, :mask], dim=-1)  # (M, V-1), mask class excluded
+        log_scale = torch.log(torch.expm1(sigma.float()))[:, None]  # (M, 1)
+        score = torch.exp(log_p0 - log_scale)
+        return torch.cat([score, torch.ones_like(score[:, :1])], dim=-1)
+
+    def _transition_probs(
+        self,
+        out: torch.Tensor,
+        current: torch.Tensor,
+        sigma_t: torch.Tensor,
+        sigma_s: torch.Tensor,
+        t: torch.Tensor,
+        s: torch.Tensor,
+        final: torch.Tensor,
+    ) -> torch.Tensor:
+        """Unnormalised p(x_s = y | x_t) at each active position, (M, V) fp32."""
+        score = self._score(out, current, sigma_t)
+        # Final denoise (and every analytic step) is the Tweedie update at dsigma.
+        dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()
+        if self.predictor == "analytic" or final.all():
+            probs = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
+                current, dsigma
+            )
+        else:
+            match self.predictor:
+                case "euler":
+                    dt_rate = ((t - s) * self.noise.rate_noise(t)).float()  # (M,)
+                    onehot = F.one_hot(current, self.graph.dim).float()
+                    probs = onehot + dt_rate[:, None] * self.graph.reverse_rate(current, score)
+            if final.any():
+                fin = self.graph.staggered_score(score[final], dsigma[final])
+                probs[final] = fin * self.graph.transp_transition(current[final], dsigma[final])
+        if self.graph.absorb and final.any():
+            probs[final, self.graph.dim - 1] = 0.0  # the mask is never emitted
+        return probs
+
+    def _draw(
+        self, probs: torch.Tensor, uniforms: torch.Tensor, final: torch.Tensor
+    ) -> torch.Tensor:
+        drawn = sample_categorical(probs, uniforms)
+        if self.denoise_mode == "argmax" and final.any():
+            drawn[final] = probs[final].argmax(dim=-1)
+        return drawn
+
+    # ---- the loop -------------------------------------------------------------------------
+
+    def sample(
+        self,
+        num_cells: int | None = None,
+        *,
+        steps: int,
+        num_genes: int | None = None,
+        seed: int | None = None,
+        first_cell: int = 0,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+        temperature: float = 1.0,
+        x_init: torch.Tensor | None = None,
+        fixed: torch.Tensor | None = None,
+        denoise: bool = True,
+        eps: float = 1e-5,
+        on_step: Callable[[StepStats], None] | None = None,
+    ) -> torch.Tensor:
+        """Draw ``num_cells`` sequences of ``num_genes`` tokens with ``steps`` reverse steps.
+
+        Randomness: ``seed`` (cell i draws from its own stream (seed, first_cell + i), whatever
+        the batch), or ``generator`` (one request generator shared by all
+        rows, or one per row). Imputation: ``x_init`` holds given tokens (mask elsewhere for
+        absorbing graphs) and ``fixed`` marks them; they are never changed.
+        Time runs over linspace(1, eps, steps + 1); with ``denoise`` the last step goes to 0.
+        """
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}.")
+        if not 0.0 < eps < 1.0:
+            raise ValueError(f"eps must be in (0, 1), got {eps}.")
+        x = self._initial_tokens(num_cells, num_genes, x_init, fixed, labels)
+        num_rows = x.shape[0]
+        gens = self._row_generators(num_rows, seed, first_cell, generator)
+        fixed = None if fixed is None else fixed.to(x.device)
+        timesteps = torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
+        fallbacks_before = self.precision.fp32_fallbacks
+        total = steps + (1 if denoise else 0)
+        for i in range(total):
+            start = time.perf_counter()
+            t = timesteps[i].expand(num_rows)
+            s = timesteps[i + 1].expand(num_rows) if i < steps else torch.zeros(num_rows)
+            x = self.step(x, t, s, gens, labels, cell_types, temperature, fixed)
+            if on_step is not None:
+                on_step(self._stats(i + 1, steps, float(t[0]), x, start, fallbacks_before))
+        return x
+
+    def _stats(
+        self, step: int, steps: int, t: float, x: torch.Tensor, start: float, fallbacks_before: int
+    ) -> StepStats:
+        masked = 0.0
+        if self.graph.absorb:
+            masked = float((x == self.graph.dim - 1).float().mean())
+        return StepStats(
+            step=step,
+            steps=steps,
+            t=t,
+            rows=x.shape[0],
+            fraction_masked=masked,
+            seconds=time.perf_counter() - start,
+            fp32_fallbacks=self.precision.fp32_fallbacks - fallbacks_before,
+        )
+
+    def _initial_tokens(
+        self,
+        num_cells: int | None,
+        num_genes: int | None,
+        x_init: torch.Tensor | None,
+        fixed: torch.Tensor | None,
+        labels: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if x_init is not None:
+            x = x_init.to(self.device, dtype=torch.long)
+            if x.ndim != 2:
+                raise ValueError(f"x_init must be (cells, genes), got shape {tuple(x.shape)}.")
+            if fixed is not None and fixed.shape != x.shape:
+                raise ValueError(
+                    f"fixed must have x_init's shape {tuple(x.shape)}, got {tuple(fixed.shape)}."
+                )
+            if fixed is not None and self.graph.absorb and (x[fixed] == self.graph.dim - 1).any():
+                raise ValueError("fixed positions must hold real tokens, not the mask.")
+            return x
+        if num_cells is None:
+            num_cells = labels.shape[0] if labels is not None else None
+        if num_cells is None or num_cells < 1:
+            raise ValueError(f"num_cells must be >= 1, got {num_cells}.")
+        num_genes = num_genes if num_genes is not None else getattr(self.model, "num_genes", None)
+        if num_genes is None or num_genes < 1:
+            raise ValueError(f"num_genes must be >= 1, got {num_genes}.")
+        if labels is not None and labels.shape[0] != num_cells:
+            raise ValueError(f"labels has {labels.shape[0]} rows but num_cells is {num_cells}.")
+        return self.graph.sample_limit(num_cells, num_genes, device=self.device)
+
+    def _row_generators(
+        self,
+        num_rows: int,
+        seed: int | None,
+        first_cell: int,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
+    ) -> list[torch.Generator]:
+        if seed is not None and generator is not None:
+            raise ValueError("pass either seed or generator, not both.")
+        if isinstance(generator, torch.Generator):
+            return [generator]
+        if generator is not None:
+            if len(generator) != num_rows:
+                raise ValueError(f"need one generator per row: {num_rows} rows, {len(generator)}.")
+            return list(generator)
+        if seed is None:
+            raise ValueError("pass seed= or generator=: every draw must be reproducible.")
+        return cell_generators(seed, range(first_cell, first_cell + num_rows), self.device)
+
+
+class EulerSampler(Sampler):
+    """Euler reverse step (reference SEDD ``euler`` predictor)."""
+
+    predictor: Predictor = "euler"
+
+
+class AnalyticSampler(Sampler):
+    """Analytic (Tweedie tau-leaping) reverse step (reference SEDD ``analytic`` predictor)."""
+
+    predictor: Predictor = "analytic"
+
+
+class PerturbationEulerSampler(EulerSampler):
+    """Euler sampler for perturbation-conditioned models: labels are required.
+
+    ``labels`` are perturbation indices (B,) or precomputed vectors (B, E); ``cell_types``
+    optional indices (B,).
+    """
+
+    def sample(  # type: ignore[override]
+        self, labels: torch.Tensor, *, steps: int, **kwargs: object
+    ) -> torch.Tensor:
+        if labels is None:
+            raise ValueError("PerturbationEulerSampler.sample needs labels (perturbations).")
+        labels = labels.to(self.device)
+        return super().sample(labels.shape[0], steps=steps, labels=labels, **kwargs)  # type: ignore[arg-type]
