@@ -130,6 +130,8 @@ class Sampler:
             raise ValueError(
                 f"model vocab_size {model.vocab_size} does not match graph dim {graph.dim}."
             )
+        if model.parametrisation == "x0" and not graph.absorb:
+            raise ValueError("an x0 (clean-token) model needs the absorbing graph.")
         if model.mask_index != graph.mask_index:
             raise ValueError(
                 f"model mask_index {model.mask_index} does not match the graph's "
@@ -139,8 +141,6 @@ class Sampler:
             raise ValueError(
                 f"model parametrisation must be 'x0' or 'score', got {model.parametrisation!r}."
             )
-        if model.parametrisation == "x0" and not graph.absorb:
-            raise ValueError("an x0 (clean-token) model needs the absorbing graph.")
         if device is None:
             params = list(getattr(model, "parameters", lambda: [])())
             device = params[0].device if params else torch.device("cpu")
