@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from exact_models import ExactModel, potts_distribution
 from torch import nn
 
+import sedd.precision
 import sedd.sampling
 from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
@@ -55,8 +58,9 @@ def test_autocast_covers_the_model_forward_only_and_draws_are_fp64(monkeypatch):
 
     monkeypatch.setattr(sedd.sampling, "sample_categorical", spy)
     model = ExactModel(JOINT, 5, 3, "x0")
-    sampler = EulerSampler(model, LogLinearNoise(), AbsorbingGraph(3), use_amp=True,
-                           amp_dtype=torch.bfloat16)
+    sampler = EulerSampler(
+        model, LogLinearNoise(), AbsorbingGraph(3), use_amp=True, amp_dtype=torch.bfloat16
+    )
     sampler.sample(32, steps=4, seed=0)
     assert model.autocast_seen and all(model.autocast_seen)  # forward under autocast
     assert seen and all(s == (False, torch.float32, torch.float64) for s in seen)
@@ -77,20 +81,23 @@ def test_model_output_leaves_autocast_as_fp32():
 def test_fp32_sampling_never_enters_autocast():
     model = ExactModel(JOINT, 5, 3, "x0")
     EulerSampler(model, LogLinearNoise(), AbsorbingGraph(3), use_amp=False).sample(
-        4, steps=2, seed=0)
+        4, steps=2, seed=0
+    )
     assert model.autocast_seen and not any(model.autocast_seen)
 
 
 def test_nan_row_is_recomputed_in_fp32_and_counted():
-    sampler = EulerSampler(NaNRowModel(bad_rows=[1]), LogLinearNoise(), AbsorbingGraph(3),
-                           use_amp=True)
-    reference = EulerSampler(ExactModel(JOINT, 5, 3, "x0"), LogLinearNoise(), AbsorbingGraph(3),
-                             use_amp=False)
+    sampler = EulerSampler(
+        NaNRowModel(bad_rows=[1]), LogLinearNoise(), AbsorbingGraph(3), use_amp=True
+    )
+    reference = EulerSampler(
+        ExactModel(JOINT, 5, 3, "x0"), LogLinearNoise(), AbsorbingGraph(3), use_amp=False
+    )
     gens, ref_gens = cell_generators(0, range(4)), cell_generators(0, range(4))
     x = ref = torch.full((4, 5), 3)
     times = torch.tensor([1.0, 0.6, 0.3, 0.0], dtype=torch.float64)
     expected_fallbacks = 0
-    for t, s in zip(times[:-1], times[1:], strict=True):
+    for t, s in itertools.pairwise(times):
         expected_fallbacks += int((ref[1] == 3).any())  # row 1 is recomputed while it has masks
         x = sampler.step(x, t.expand(4), s.expand(4), gens)
         ref = reference.step(ref, t.expand(4), s.expand(4), ref_gens)
@@ -103,23 +110,33 @@ def test_nan_row_is_recomputed_in_fp32_and_counted():
 
 
 def test_nan_in_fp32_too_fails_the_request_clearly():
-    sampler = EulerSampler(NaNRowModel(bad_rows=[2], always=True), LogLinearNoise(),
-                           AbsorbingGraph(3), use_amp=True)
+    sampler = EulerSampler(
+        NaNRowModel(bad_rows=[2], always=True), LogLinearNoise(), AbsorbingGraph(3), use_amp=True
+    )
     with pytest.raises(NonFiniteScoreError, match=r"rows \[2\] even in fp32"):
         sampler.sample(4, steps=2, seed=0, cell_types=torch.tensor([0, 0, 1, 0]))
 
 
 def test_fp16_on_cpu_is_refused_with_what_to_use_instead():
-    with pytest.raises(PrecisionError, match="'fp16' is refused on CPU.*use 'bf16' or 'fp32'"):
+    with pytest.raises(PrecisionError, match=r"'fp16' is refused on CPU.*use 'bf16' or 'fp32'"):
         resolve_precision("fp16", "cpu")
     with pytest.raises(PrecisionError, match="fp16"):
-        EulerSampler(ExactModel(JOINT, 5, 3, "x0"), LogLinearNoise(), AbsorbingGraph(3),
-                     use_amp=True, amp_dtype=torch.float16)
+        EulerSampler(
+            ExactModel(JOINT, 5, 3, "x0"),
+            LogLinearNoise(),
+            AbsorbingGraph(3),
+            use_amp=True,
+            amp_dtype=torch.float16,
+        )
 
 
-def test_device_rules_and_auto():
-    policy = resolve_precision("auto", "cpu")
-    assert policy.amp_dtype in (torch.bfloat16, None)
+def test_device_rules_and_auto(monkeypatch):
+    monkeypatch.setattr(sedd.precision, "cpu_has_native_bf16", lambda: True)
+    assert resolve_precision("auto", "cpu").amp_dtype == torch.bfloat16
+    monkeypatch.setattr(sedd.precision, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("auto", "cpu").amp_dtype is None  # emulated bf16 would be slower
+    with pytest.warns(UserWarning, match="no native bf16.*use precision 'fp32'"):
+        assert resolve_precision("bf16", "cpu").amp_dtype == torch.bfloat16
     assert resolve_precision("fp32", "cpu").amp_dtype is None
     assert resolve_precision("off", "cpu").name == "fp32"
     with pytest.raises(PrecisionError, match="must be one of"):

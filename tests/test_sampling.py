@@ -53,16 +53,22 @@ class LabelCopyModel(FlatX0Model):
 
 def unmasked_fraction_after_each_step(sampler: Sampler, steps: int, cells: int, genes: int):
     fractions: list[float] = []
-    sampler.sample(cells, num_genes=genes, steps=steps, seed=0,
-                   on_step=lambda st: fractions.append(1 - st.fraction_masked))
+    sampler.sample(
+        cells,
+        num_genes=genes,
+        steps=steps,
+        seed=0,
+        on_step=lambda st: fractions.append(1 - st.fraction_masked),
+    )
     return fractions
 
 
 @pytest.mark.parametrize("sampler_cls", [EulerSampler, AnalyticSampler])
 def test_first_step_unmasks_about_one_over_n(sampler_cls):
     steps, cells, genes = 20, 4, 5000
-    sampler = sampler_cls(FlatX0Model(genes, 10), LogLinearNoise(), AbsorbingGraph(10),
-                          use_amp=False)
+    sampler = sampler_cls(
+        FlatX0Model(genes, 10), LogLinearNoise(), AbsorbingGraph(10), use_amp=False
+    )
     fractions = unmasked_fraction_after_each_step(sampler, steps, cells, genes)
     n = cells * genes
     for k, frac in enumerate(fractions[:steps], start=1):
@@ -78,12 +84,18 @@ def test_first_step_unmasks_about_one_over_n(sampler_cls):
 def test_score_model_unmasks_at_the_same_rate():
     # A reference DDiT (score parametrisation, random weights) carries 1/(e^sigma - 1) itself.
     torch.manual_seed(0)
-    model = DDiT(vocab_size=9, hidden_size=32, cond_dim=16, n_blocks=1, n_heads=2, length=512,
-                 graph="absorb").eval()
+    model = DDiT(
+        vocab_size=9, hidden_size=32, cond_dim=16, n_blocks=1, n_heads=2, length=512, graph="absorb"
+    ).eval()
     sampler = EulerSampler(model, LogLinearNoise(), AbsorbingGraph(8), use_amp=False)
     fractions: list[float] = []
-    sampler.sample(8, num_genes=512, steps=10, seed=1,
-                   on_step=lambda st: fractions.append(1 - st.fraction_masked))
+    sampler.sample(
+        8,
+        num_genes=512,
+        steps=10,
+        seed=1,
+        on_step=lambda st: fractions.append(1 - st.fraction_masked),
+    )
     n = 8 * 512
     for k in (1, 5, 9):
         p = k / 10
@@ -91,8 +103,12 @@ def test_score_model_unmasks_at_the_same_rate():
 
 
 def test_same_seed_same_cells_different_seed_different_cells():
-    sampler = EulerSampler(ExactModel(potts_distribution(5, 3, 2.0), 5, 3, "x0"),
-                           LogLinearNoise(), AbsorbingGraph(3), use_amp=False)
+    sampler = EulerSampler(
+        ExactModel(potts_distribution(5, 3, 2.0), 5, 3, "x0"),
+        LogLinearNoise(),
+        AbsorbingGraph(3),
+        use_amp=False,
+    )
     a = sampler.sample(64, steps=8, seed=11)
     b = sampler.sample(64, steps=8, seed=11)
     c = sampler.sample(64, steps=8, seed=12)
@@ -105,8 +121,12 @@ def test_same_seed_same_cells_different_seed_different_cells():
 
 
 def test_cell_depends_only_on_seed_and_index_not_batch():
-    sampler = EulerSampler(ExactModel(potts_distribution(5, 3, 2.0), 5, 3, "x0"),
-                           LogLinearNoise(), AbsorbingGraph(3), use_amp=False)
+    sampler = EulerSampler(
+        ExactModel(potts_distribution(5, 3, 2.0), 5, 3, "x0"),
+        LogLinearNoise(),
+        AbsorbingGraph(3),
+        use_amp=False,
+    )
     whole = sampler.sample(12, steps=6, seed=3)
     tail = sampler.sample(5, steps=6, seed=3, first_cell=7)
     assert torch.equal(whole[7:], tail)
@@ -127,14 +147,16 @@ def test_mask_token_is_never_drawn_even_when_the_model_prefers_it():
     model = FlatX0Model(64, 5, mask_logit=50.0)
     for cls in (EulerSampler, AnalyticSampler):
         out = cls(model, LogLinearNoise(), AbsorbingGraph(5), use_amp=False).sample(
-            16, steps=4, seed=0)
+            16, steps=4, seed=0
+        )
         assert int(out.max()) <= 4 and int(out.min()) >= 0
 
 
 def test_argmax_denoise_and_without_denoise():
     model = FlatX0Model(32, 5)
-    sampler = EulerSampler(model, LogLinearNoise(), AbsorbingGraph(5), use_amp=False,
-                           denoise="argmax")
+    sampler = EulerSampler(
+        model, LogLinearNoise(), AbsorbingGraph(5), use_amp=False, denoise="argmax"
+    )
     out = sampler.sample(4, steps=3, seed=0)
     assert int(out.max()) < 5
     raw = sampler.sample(4, steps=3, seed=0, denoise=False, eps=0.5)
@@ -143,8 +165,7 @@ def test_argmax_denoise_and_without_denoise():
 
 def test_conditioning_reaches_the_model():
     model = LabelCopyModel(16, 10)
-    sampler = PerturbationEulerSampler(model, LogLinearNoise(), AbsorbingGraph(10),
-                                       use_amp=False)
+    sampler = PerturbationEulerSampler(model, LogLinearNoise(), AbsorbingGraph(10), use_amp=False)
     labels = torch.tensor([0, 3, 7])
     out = sampler.sample(labels, steps=4, seed=0)
     assert torch.equal(out, labels[:, None].expand(3, 16))
@@ -157,15 +178,22 @@ def test_conditioning_reaches_the_model():
 def test_st3_models_sample_with_index_vector_and_cell_type_conditioning():
     torch.manual_seed(0)
     plain = SEDDTransformer(num_genes=24, num_bins=7, hidden_dim=32, num_layers=1, num_heads=2)
-    out = EulerSampler(plain.eval(), LogLinearNoise(), AbsorbingGraph(7)).sample(
-        3, steps=5, seed=0)
+    out = EulerSampler(plain.eval(), LogLinearNoise(), AbsorbingGraph(7)).sample(3, steps=5, seed=0)
     assert out.shape == (3, 24) and int(out.max()) < 7
-    pert = SEDDPerturbationTransformer(num_genes=24, num_bins=7, num_perturbations=4,
-                                       hidden_dim=32, num_layers=1, num_heads=2,
-                                       precomputed_emb_dim=6, num_cell_types=2).eval()
+    pert = SEDDPerturbationTransformer(
+        num_genes=24,
+        num_bins=7,
+        num_perturbations=4,
+        hidden_dim=32,
+        num_layers=1,
+        num_heads=2,
+        precomputed_emb_dim=6,
+        num_cell_types=2,
+    ).eval()
     sampler = PerturbationEulerSampler(pert, LogLinearNoise(), AbsorbingGraph(7))
-    by_index = sampler.sample(torch.tensor([0, 1, 2]), steps=5, seed=0,
-                              cell_types=torch.tensor([0, 1, 1]))
+    by_index = sampler.sample(
+        torch.tensor([0, 1, 2]), steps=5, seed=0, cell_types=torch.tensor([0, 1, 1])
+    )
     by_vector = sampler.sample(torch.randn(3, 6), steps=5, seed=0)
     for out in (by_index, by_vector):
         assert out.shape == (3, 24) and int(out.max()) < 7 and int(out.min()) >= 0
@@ -173,8 +201,16 @@ def test_st3_models_sample_with_index_vector_and_cell_type_conditioning():
 
 def test_uniform_graph_score_model_samples_every_position():
     torch.manual_seed(0)
-    model = DDiT(vocab_size=6, hidden_size=32, cond_dim=16, n_blocks=1, n_heads=2, length=16,
-                 graph="uniform", scale_by_sigma=False).eval()
+    model = DDiT(
+        vocab_size=6,
+        hidden_size=32,
+        cond_dim=16,
+        n_blocks=1,
+        n_heads=2,
+        length=16,
+        graph="uniform",
+        scale_by_sigma=False,
+    ).eval()
     for cls in (EulerSampler, AnalyticSampler):
         sampler = cls(model, GeometricNoise(1e-4, 20.0), UniformGraph(6), use_amp=False)
         out = sampler.sample(4, num_genes=16, steps=6, seed=0)
@@ -182,15 +218,15 @@ def test_uniform_graph_score_model_samples_every_position():
     x_init = torch.randint(0, 6, (2, 16))
     fixed = torch.zeros_like(x_init, dtype=torch.bool)
     fixed[:, :5] = True
-    out = EulerSampler(model, GeometricNoise(1e-4, 20.0), UniformGraph(6), use_amp=False
-                       ).sample(steps=4, x_init=x_init, fixed=fixed, seed=0)
+    out = EulerSampler(model, GeometricNoise(1e-4, 20.0), UniformGraph(6), use_amp=False).sample(
+        steps=4, x_init=x_init, fixed=fixed, seed=0
+    )
     assert torch.equal(out[:, :5], x_init[:, :5])
 
 
 def test_step_stats_hook_reports_every_step():
     stats: list[StepStats] = []
-    sampler = EulerSampler(FlatX0Model(100, 4), LogLinearNoise(), AbsorbingGraph(4),
-                           use_amp=False)
+    sampler = EulerSampler(FlatX0Model(100, 4), LogLinearNoise(), AbsorbingGraph(4), use_amp=False)
     sampler.sample(2, steps=5, seed=0, on_step=stats.append)
     assert [s.step for s in stats] == [1, 2, 3, 4, 5, 6]
     assert all(s.seconds >= 0 and s.rows == 2 and s.steps == 5 for s in stats)
@@ -200,8 +236,7 @@ def test_step_stats_hook_reports_every_step():
 
 
 def test_step_accepts_per_row_times_and_denoises_rows_at_s_zero():
-    sampler = EulerSampler(FlatX0Model(50, 4), LogLinearNoise(), AbsorbingGraph(4),
-                           use_amp=False)
+    sampler = EulerSampler(FlatX0Model(50, 4), LogLinearNoise(), AbsorbingGraph(4), use_amp=False)
     x = torch.full((2, 50), 4)
     t = torch.tensor([1.0, 0.5], dtype=torch.float64)
     s = torch.tensor([0.9, 0.0], dtype=torch.float64)

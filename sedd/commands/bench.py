@@ -1,0 +1,127 @@
+"""``sedd bench``: fp32 vs bf16 sampling throughput and memory, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from sedd.bench import BenchCase, environment, run_case
+
+
+def _shape(text: str) -> tuple[int, int, int]:
+    try:
+        hidden, layers, heads = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--shapes entries are HIDDEN/LAYERS/HEADS such as 128/4/4, got {text!r}"
+        ) from None
+    return hidden, layers, heads
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark sampling in fp32 and bf16 side by side",
+        description="Sample random-weight st3 transformers under each precision in one process "
+        "and print cells/s, tokens/s, ms/forward, peak memory and ratios vs fp32.",
+    )
+    p.add_argument(
+        "--shapes",
+        type=_shape,
+        nargs="+",
+        default=[(128, 4, 4), (256, 8, 8)],
+        help="model shapes HIDDEN/LAYERS/HEADS (default: 128/4/4 256/8/8)",
+    )
+    p.add_argument("--genes", type=int, nargs="+", default=None,
+                   help="genes per cell (default: 1000 on CPU, 8563 on CUDA)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                   help="cells per batch (default: 8 on CPU, 64 on CUDA)")
+    p.add_argument("--steps", type=int, default=8, help="sampling steps (+1 final denoise)")
+    p.add_argument("--num-bins", type=int, default=64, help="count tokens (vocab = bins + 1)")
+    p.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp32", "bf16"],
+        choices=["fp32", "bf16", "fp16"],
+        help="fp32 is the baseline",
+    )
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per precision (median)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("steps", "repeats", "num_bins"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    device = torch.device(args.device)
+    on_cuda = device.type == "cuda"
+    gene_counts = args.genes or [8563 if on_cuda else 1000]
+    batch_sizes = args.batch_sizes or [64 if on_cuda else 8]
+    if min(gene_counts) < 1 or min(batch_sizes) < 1:
+        raise ValueError(f"--genes and --batch-sizes must be >= 1, got {gene_counts}, {batch_sizes}.")
+    precisions = list(dict.fromkeys(["fp32", *args.precisions]))
+    console = Console(width=max(Console().width, 150))
+    console.print(f"sedd bench on {device}: {environment()}")
+    entries = []
+    for (hidden, layers, heads), genes, batch in itertools.product(
+        args.shapes, gene_counts, batch_sizes
+    ):
+        case = BenchCase(hidden, layers, heads, genes, batch, args.steps)
+        console.print(f"running {case.label}, {args.steps} steps ...")
+        entries.append(run_case(case, device, precisions, args.num_bins, args.repeats))
+    console.print(_table(entries))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {"environment": environment(), "device": str(device), "cases": entries}, indent=2
+        )
+    )
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def _table(entries: list[dict]) -> Table:
+    table = Table(title="sampling throughput (median of repeats)")
+    for col in (
+        "model H/L/heads",
+        "genes",
+        "batch",
+        "precision",
+        "cells/s",
+        "tokens/s",
+        "ms/forward",
+        "peak MiB",
+        "speedup vs fp32",
+        "mem vs fp32",
+        "max|dlogp|",
+    ):
+        table.add_column(col, justify="right")
+    for entry in entries:
+        case = entry["case"]
+        for name, r in entry["results"].items():
+            ratio = entry.get("ratios_vs_fp32", {}).get(name)
+            parity = entry.get("score_parity_vs_fp32", {}).get(name)
+            table.add_row(
+                f"{case['hidden']}/{case['layers']}/{case['heads']}",
+                str(case["genes"]),
+                str(case["batch"]),
+                name,
+                f"{r['cells_per_s']:.2f}",
+                f"{r['tokens_per_s']:.0f}",
+                f"{r['ms_per_forward']:.1f}",
+                f"{r['peak_mib']:.0f}",
+                f"{ratio['speedup_cells_per_s']:.2f}x" if ratio else "1.00x",
+                f"{ratio['peak_memory']:.2f}x" if ratio else "1.00x",
+                f"{parity['max_abs']:.3g}" if parity else "-",
+            )
+    return table

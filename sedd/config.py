@@ -1,0 +1,322 @@
+"""Pydantic models shared by the server and the command line.
+
+``ModelConfig`` is the native checkpoint's ``config.json``: everything a server needs besides the
+weights (architecture, parametrisation, graph, noise, token vocabulary, gene names, label
+vocabularies, provenance). Its schema is versioned: ``schema_version`` is written with every file,
+and ``MIGRATIONS`` upgrades older dicts step by step before validation, so every file ever
+written still loads. A new field must get a default (or a migration step that fills it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "DDiTArch",
+    "GeometricNoiseConfig",
+    "GraphConfig",
+    "LogLinearNoiseConfig",
+    "ModelConfig",
+    "NoiseConfig",
+    "Provenance",
+    "ST3Arch",
+    "ST3PerturbationArch",
+    "TokenConfig",
+    "migrate",
+]
+
+SCHEMA_VERSION = 1
+
+Architecture = Literal["st3", "st3_perturbation", "ddit"]
+
+
+class _Strict(BaseModel):
+    # extra="forbid" catches typos, and lets the ``arch`` union pick its member unambiguously.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ST3Arch(_Strict):
+    """Constructor arguments of ``sedd.model.SEDDTransformer``."""
+
+    num_genes: int = Field(ge=1)
+    num_bins: int = Field(ge=1)
+    hidden_dim: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    ff_mult: int = Field(default=4, ge=1)
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    max_seq_len: int | None = None
+
+
+class ST3PerturbationArch(_Strict):
+    """Constructor arguments of ``sedd.model.SEDDPerturbationTransformer``."""
+
+    num_genes: int = Field(ge=1)
+    num_bins: int = Field(ge=1)
+    num_perturbations: int = Field(ge=1)
+    hidden_dim: int = Field(ge=1)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    ff_mult: int = Field(default=4, ge=1)
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+    precomputed_emb_dim: int | None = Field(default=None, ge=1)
+    num_cell_types: int | None = Field(default=None, ge=1)
+
+
+class DDiTArch(_Strict):
+    """Constructor arguments of ``sedd.ddit.DDiT`` (reference SEDD)."""
+
+    vocab_size: int = Field(ge=2)
+    hidden_size: int = Field(ge=1)
+    cond_dim: int = Field(ge=1)
+    n_blocks: int = Field(ge=1)
+    n_heads: int = Field(ge=1)
+    length: int = Field(ge=1)
+    graph: Literal["absorb", "uniform"]
+    scale_by_sigma: bool = True
+    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+
+
+class GraphConfig(_Strict):
+    """``sedd.graph.graph_from_config`` input; ``dim`` counts every class, mask included."""
+
+    type: Literal["absorb", "uniform"]
+    dim: int = Field(ge=2)
+
+
+class LogLinearNoiseConfig(_Strict):
+    type: Literal["loglinear"] = "loglinear"
+    eps: float = Field(default=1e-3, gt=0.0, lt=1.0)
+
+
+class GeometricNoiseConfig(_Strict):
+    type: Literal["geometric"] = "geometric"
+    sigma_min: float = Field(gt=0.0)
+    sigma_max: float = Field(gt=0.0)
+
+
+NoiseConfig = Annotated[LogLinearNoiseConfig | GeometricNoiseConfig, Field(discriminator="type")]
+
+
+class TokenConfig(_Strict):
+    """The token vocabulary: counts 0..num_bins-1, then the mask (absorbing graphs only).
+
+    st3 calls the mask index ``num_bins``, so its largest count token is ``num_bins - 1``.
+    """
+
+    num_bins: int = Field(ge=1)
+    mask_index: int | None
+    vocab_size: int = Field(ge=2)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TokenConfig:
+        expected = self.num_bins + (0 if self.mask_index is None else 1)
+        if self.vocab_size != expected:
+            raise ValueError(
+                f"tokens.vocab_size must be num_bins ({self.num_bins}) plus one mask token if "
+                f"there is one = {expected}, got {self.vocab_size}."
+            )
+        if self.mask_index is not None and self.mask_index != self.num_bins:
+            raise ValueError(
+                f"tokens.mask_index must be the last class {self.num_bins}, got {self.mask_index}."
+            )
+        return self
+
+    @property
+    def max_count(self) -> int:
+        return self.num_bins - 1
+
+
+class Provenance(BaseModel):
+    """Where the weights came from. Unknown extra keys are kept (free-form notes)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    source: str | None = None  # the path or name the model was converted from
+    source_format: str | None = None  # "native", "st3", "sedd_hf", "sedd_run"
+    source_file: str | None = None  # the weights file inside the source
+    source_hash: str | None = None  # sha256 of that file
+    training_command: str | None = None
+    data_hash: str | None = None
+    created: str | None = None  # ISO-8601 time the native files were written
+    step: int | None = None  # training step recorded in the source checkpoint
+    ema: bool | None = None  # True: EMA weights, False: raw weights, None: unknown
+    training_args: dict[str, Any] | None = None  # st3's args.json / the reference config
+
+
+class ModelConfig(_Strict):
+    """The native ``config.json``."""
+
+    schema_version: int = SCHEMA_VERSION
+    architecture: Architecture
+    arch: ST3Arch | ST3PerturbationArch | DDiTArch
+    parametrisation: Literal["x0", "score"]
+    graph: GraphConfig
+    noise: NoiseConfig
+    tokens: TokenConfig
+    genes: list[str]  # model order: genes[i] is sequence position i
+    genes_by_position: bool = False  # True when no gene list was given and genes are "0".."G-1"
+    perturbations: list[str] | None = None  # perturbations[i] is label index i
+    control_label: str | None = None
+    perturbation_vectors: bool = False  # perturbation_vectors.safetensors holds name -> vector
+    cell_types: list[str] | None = None  # cell_types[i] is cell-type index i
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return migrate(data)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        expected_arch = {
+            "st3": ST3Arch,
+            "st3_perturbation": ST3PerturbationArch,
+            "ddit": DDiTArch,
+        }[self.architecture]
+        if not isinstance(self.arch, expected_arch):
+            raise ValueError(
+                f"`arch` does not hold {expected_arch.__name__} arguments, which architecture "
+                f"{self.architecture!r} needs."
+            )
+        expected_param = "score" if self.architecture == "ddit" else "x0"
+        if self.parametrisation != expected_param:
+            raise ValueError(
+                f"architecture {self.architecture!r} is {expected_param!r}-parametrised, "
+                f"got parametrisation {self.parametrisation!r}."
+            )
+        self._check_vocabulary()
+        self._check_labels()
+        return self
+
+    def _check_vocabulary(self) -> None:
+        arch = self.arch
+        if isinstance(arch, DDiTArch):
+            vocab, graph_type = arch.vocab_size, arch.graph
+        else:
+            vocab, graph_type = arch.num_bins + 1, "absorb"
+        if self.graph.type != graph_type or self.graph.dim != vocab:
+            raise ValueError(
+                f"graph must be {{'type': {graph_type!r}, 'dim': {vocab}}} for this "
+                f"architecture, got {self.graph.model_dump()}."
+            )
+        if self.tokens.vocab_size != vocab:
+            raise ValueError(f"tokens.vocab_size must be {vocab}, got {self.tokens.vocab_size}.")
+        if (self.tokens.mask_index is None) != (graph_type == "uniform"):
+            raise ValueError(
+                f"tokens.mask_index must be set for an absorbing graph and null for a uniform "
+                f"one, got {self.tokens.mask_index} with graph {graph_type!r}."
+            )
+
+    def _check_labels(self) -> None:
+        _check_names("genes", self.genes, self.num_genes)
+        if self.perturbations is not None:
+            _check_names("perturbations", self.perturbations, self.num_perturbations)
+        if self.cell_types is not None:
+            _check_names("cell_types", self.cell_types, self.num_cell_types)
+        vector_dim = getattr(self.arch, "precomputed_emb_dim", None)
+        if self.perturbation_vectors and not vector_dim:
+            raise ValueError(
+                "perturbation_vectors is true, but the model has no precomputed_emb_dim: it "
+                "cannot take perturbation vectors."
+            )
+        if (
+            self.control_label is not None
+            and self.perturbations is not None
+            and not self.perturbation_vectors
+            and self.control_label not in self.perturbations
+        ):
+            raise ValueError(
+                f"control_label {self.control_label!r} is not one of the perturbations."
+            )
+
+    @property
+    def num_genes(self) -> int:
+        return self.arch.length if isinstance(self.arch, DDiTArch) else self.arch.num_genes
+
+    @property
+    def num_perturbations(self) -> int:
+        """Rows of the label embedding; 0 for unconditional models."""
+        return self.arch.num_perturbations if isinstance(self.arch, ST3PerturbationArch) else 0
+
+    @property
+    def num_cell_types(self) -> int:
+        if isinstance(self.arch, ST3PerturbationArch):
+            return self.arch.num_cell_types or 0
+        return 0
+
+
+def _check_names(field: str, names: list[str], expected: int) -> None:
+    if len(names) != expected:
+        raise ValueError(f"`{field}` must list {expected} names (the model's), got {len(names)}.")
+    repeated = [name for name, n in Counter(names).items() if n > 1]
+    if repeated:
+        raise ValueError(f"`{field}` names must be unique; repeated: {repeated[:10]}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Schema migrations: MIGRATIONS[v] turns a version-v dict into a version-(v + 1) dict.
+# ----------------------------------------------------------------------------------------------
+
+
+def _v0_to_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 (no ``schema_version``): derived sections may be absent; fill them.
+
+    ``parametrisation``, ``graph``, ``tokens`` follow from the architecture; the noise defaults to
+    log-linear (eps 1e-3) for absorbing graphs; genes missing -> named by position.
+    """
+    data = dict(data)
+    architecture, arch = data.get("architecture"), data.get("arch")
+    if not isinstance(arch, dict) or architecture not in ("st3", "st3_perturbation", "ddit"):
+        return data  # validation reports what is missing
+    if architecture == "ddit":
+        vocab, graph_type, length = arch.get("vocab_size"), arch.get("graph"), arch.get("length")
+    else:
+        num_bins = arch.get("num_bins")
+        vocab = None if num_bins is None else num_bins + 1
+        graph_type, length = "absorb", arch.get("num_genes")
+    data.setdefault("parametrisation", "score" if architecture == "ddit" else "x0")
+    if vocab is not None and graph_type in ("absorb", "uniform"):
+        absorb = graph_type == "absorb"
+        data.setdefault("graph", {"type": graph_type, "dim": vocab})
+        data.setdefault(
+            "tokens",
+            {
+                "num_bins": vocab - 1 if absorb else vocab,
+                "mask_index": vocab - 1 if absorb else None,
+                "vocab_size": vocab,
+            },
+        )
+        if absorb:
+            data.setdefault("noise", {"type": "loglinear", "eps": 1e-3})
+    if "genes" not in data and isinstance(length, int):
+        data["genes"] = [str(i) for i in range(length)]
+        data["genes_by_position"] = True
+    return data
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _v0_to_v1}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Upgrade a config dict of any earlier schema version to ``SCHEMA_VERSION``."""
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or version < 0:
+        raise ValueError(f"schema_version must be a non-negative integer, got {version!r}.")
+    if version > SCHEMA_VERSION:
+        raise ValueError(
+            f"config schema_version {version} is newer than this sedd understands "
+            f"({SCHEMA_VERSION}); upgrade sedd to load it."
+        )
+    while version < SCHEMA_VERSION:
+        data = MIGRATIONS[version](data)
+        version += 1
+    return {**data, "schema_version": SCHEMA_VERSION}
