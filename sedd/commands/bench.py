@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     gene_counts = args.genes or [8563 if on_cuda else 1000]
     batch_sizes = args.batch_sizes or [64 if on_cuda else 8]
     if min(gene_counts) < 1 or min(batch_sizes) < 1:
-        raise ValueError(f"--genes and --batch-sizes must be >= 1, got {gene_counts}, {batch_sizes}.")
+        raise ValueError(
+            f"--genes and --batch-sizes must be >= 1, got {gene_counts} and {batch_sizes}."
+        )
     precisions = list(dict.fromkeys(["fp32", *args.precisions]))
     console = Console(width=max(Console().width, 150))
     console.print(f"sedd bench on {device}: {environment()}")
