@@ -7,17 +7,13 @@ per second), ms per forward, peak memory, and the bf16 / fp32 ratios. Score pari
 |log p(bf16) - log p(fp32)| over the clean tokens, PRECISION.md "Parity") is measured on fixed
 inputs.
 
-Peak memory is ``torch.cuda.max_memory_allocated`` on CUDA. On CPU it is the peak resident set
-size above the pre-run level, sampled every 2 ms by a background thread (a process's own peak RSS
-cannot be reset between runs).
+Peak memory: see ``sedd.monitoring.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import statistics
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -25,6 +21,7 @@ import torch
 
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDTransformer
+from sedd.monitoring import PeakMemory
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.sampling import EulerSampler, StepStats
@@ -68,40 +65,6 @@ class RunFigures:
         }
 
 
-class _RssPeak:
-    """Peak resident set size (MiB) above the level at start, sampled by a thread."""
-
-    def __init__(self, interval: float = 0.002) -> None:
-        self.interval = interval
-        self.page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self.peak = 0
-        self._stop = threading.Event()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self) -> _RssPeak:
-        self.base = self.peak = self._rss()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss())
-
-    @property
-    def mib(self) -> float:
-        return (self.peak - self.base) / 2**20
-
-
 def _timed_sample(sampler: EulerSampler, case: BenchCase, seed: int) -> tuple[float, int, float]:
     forwards = 0
 
@@ -109,20 +72,13 @@ def _timed_sample(sampler: EulerSampler, case: BenchCase, seed: int) -> tuple[fl
         nonlocal forwards
         forwards += 1
 
-    device = sampler.device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    with PeakMemory(sampler.device) as peak:
         start = time.perf_counter()
         sampler.sample(case.batch, steps=case.steps, seed=seed, on_step=count)
-        torch.cuda.synchronize(device)
+        if sampler.device.type == "cuda":
+            torch.cuda.synchronize(sampler.device)
         seconds = time.perf_counter() - start
-        return seconds, forwards, torch.cuda.max_memory_allocated(device) / 2**20
-    with _RssPeak() as rss:
-        start = time.perf_counter()
-        sampler.sample(case.batch, steps=case.steps, seed=seed, on_step=count)
-        seconds = time.perf_counter() - start
-    return seconds, forwards, rss.mib
+    return seconds, forwards, peak.mib
 
 
 def score_parity(

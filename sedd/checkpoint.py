@@ -397,8 +397,17 @@ def _load_native(root: Path, checkpoint: str | None) -> SourceParts:
     state, _ = read_safetensors(weights)
     vectors = None
     if config.perturbation_vectors:
-        tensors, metadata = read_safetensors(root / VECTORS_FILE)
-        order = json.loads(metadata.get("names", "null")) or sorted(tensors)
+        vectors_file = root / VECTORS_FILE
+        tensors, metadata = read_safetensors(vectors_file)
+        try:
+            order = json.loads(metadata.get("names", "null")) or sorted(tensors)
+        except json.JSONDecodeError:
+            order = None
+        if not isinstance(order, list) or sorted(order) != sorted(tensors):
+            raise CheckpointError(
+                f"{vectors_file}: its 'names' metadata does not list its tensors; "
+                "convert the model again."
+            )
         vectors = {name: tensors[name].clone() for name in order}  # own memory, not the file's
     return SourceParts(config, state, weights, sha256_file(weights), vectors)
 

@@ -26,6 +26,7 @@ import torch
 from sedd.checkpoint import (
     CheckpointError,
     SourceParts,
+    read_json,
     read_safetensors,
     read_torch_file,
     require_file,
@@ -193,7 +194,7 @@ def load_st3(
             source_format="st3",
             source_file=weights.name,
             source_hash=(file_hash := sha256_file(weights)),
-            step=payload.get("step") if isinstance(payload, dict) else None,
+            step=_int_or_none(payload.get("step") if isinstance(payload, dict) else None),
             ema=False,
             training_args=args,
         ),
@@ -216,16 +217,14 @@ def load_st3(
 
 
 def _read_args(args_file: Path) -> dict[str, Any]:
-    require_file(args_file, "st3 arguments file")
-    try:
-        args = json.loads(args_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(
-            f"{args_file} is not valid JSON ({err}); fix or replace it."
-        ) from None
+    args = read_json(args_file)
     if not isinstance(args, dict):
         raise CheckpointError(f"{args_file} must hold a JSON object of training arguments.")
     return args
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _resolve(value: Any, base: Path) -> Path | None:

@@ -209,7 +209,7 @@ class PrecisionPolicy:
             "weight_dtype": str(self.weight_dtype).removeprefix("torch."),
             "tf32": self.tf32,
             "device": str(self.device),
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),
             "fp32_fallbacks": self.fp32_fallbacks,
         }
 

@@ -126,6 +126,14 @@ def test_st3_labels_come_from_the_experiment_side_files(tmp_path):
     assert torch.equal(native.perturbation_vectors["GENE_A"], upstream["GENE_A"])
 
 
+def test_checkpoint_with_optimizer_state_loads_and_warns_about_unnamed_labels():
+    with pytest.warns(UserWarning, match=r"no perturbation names .*--perturbations FILE"):
+        loaded = load_checkpoint(ST3 / "tiny_pert_2steps")
+    assert loaded.config.provenance.step == 2 and loaded.config.perturbations is None
+    with pytest.raises(UnknownLabelError, match=r"has no perturbation names.*--perturbations"):
+        loaded.label_index("GENE_A")
+
+
 def test_unknown_label_suggests_close_names():
     pert = load_checkpoint(ST3 / "tiny_pert")
     with pytest.raises(UnknownLabelError, match="did you mean 'GENE_A'") as err:

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[(128, 4, 4), (256, 8, 8)],
         help="model shapes HIDDEN/LAYERS/HEADS (default: 128/4/4 256/8/8)",
     )
-    p.add_argument("--genes", type=int, nargs="+", default=None,
+    p.add_argument("--num-genes", type=int, nargs="+", default=None,
                    help="genes per cell (default: 1000 on CPU, 8563 on CUDA)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
                    help="cells per batch (default: 8 on CPU, 64 on CUDA)")
@@ -65,11 +65,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
     device = torch.device(args.device)
     on_cuda = device.type == "cuda"
-    gene_counts = args.genes or [8563 if on_cuda else 1000]
+    gene_counts = args.num_genes or [8563 if on_cuda else 1000]
     batch_sizes = args.batch_sizes or [64 if on_cuda else 8]
     if min(gene_counts) < 1 or min(batch_sizes) < 1:
         raise ValueError(
-            f"--genes and --batch-sizes must be >= 1, got {gene_counts} and {batch_sizes}."
+            f"--num-genes and --batch-sizes must be >= 1, got {gene_counts} and {batch_sizes}."
         )
     precisions = list(dict.fromkeys(["fp32", *args.precisions]))
     console = Console(width=max(Console().width, 150))

@@ -1,0 +1,163 @@
+"""Generate cells from a loaded checkpoint: the one entry point the CLI, scripts and server share.
+
+Cells are numbered 0..N-1 across the whole request (condition by condition); cell i draws from
+its own random stream (seed, i) (``sedd.sampling.cell_generators``), so its tokens do not depend on
+the batch size or on which batch or shard ran it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from sedd.cells import tokens_to_counts
+from sedd.checkpoint import LoadedModel
+from sedd.monitoring import PeakMemory
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import AnalyticSampler, EulerSampler, Sampler, StepStats
+
+SamplerName = Literal["euler", "analytic"]
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate. ``conditions`` are perturbation names (conditional models only)."""
+
+    cells_per_condition: int
+    conditions: tuple[str, ...] | None = None
+    cell_type: str | None = None
+    steps: int = 50
+    sampler: SamplerName = "euler"
+    temperature: float = 1.0
+    seed: int = 0
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        checks = {
+            "cells_per_condition": (self.cells_per_condition >= 1, ">= 1"),
+            "steps": (self.steps >= 1, ">= 1"),
+            "temperature": (self.temperature > 0, "> 0"),
+            "seed": (self.seed >= 0, ">= 0"),
+            "batch_size": (self.batch_size >= 1, ">= 1"),
+        }
+        for name, (ok, rule) in checks.items():
+            if not ok:
+                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
+        if self.sampler not in ("euler", "analytic"):
+            raise ValueError(f"`sampler` must be 'euler' or 'analytic', got {self.sampler!r}.")
+
+
+@dataclass
+class GenerationResult:
+    counts: np.ndarray  # (N, G) int64
+    genes: list[str]
+    obs: pd.DataFrame
+    stats: dict[str, object] = field(default_factory=dict)
+
+
+def make_sampler(loaded: LoadedModel, name: SamplerName, precision: PrecisionPolicy) -> Sampler:
+    cls = {"euler": EulerSampler, "analytic": AnalyticSampler}[name]
+    return cls(loaded.model, loaded.noise, loaded.graph, precision=precision,
+               device=loaded.device)
+
+
+def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
+    """One row per cell to generate: condition name, index and cell type, in cell order."""
+    cfg = loaded.config
+    conditional = cfg.perturbations is not None
+    if conditional and not request.conditions:
+        known = ", ".join(cfg.perturbations[:10])  # type: ignore[index]
+        raise ValueError(
+            f"this model is conditioned on perturbations: pass `conditions` (known: {known}"
+            f"{', ...' if len(cfg.perturbations) > 10 else ''})."  # type: ignore[arg-type]
+        )
+    if not conditional and request.conditions:
+        raise ValueError(
+            f"this model is unconditional: `conditions` must be empty, got {request.conditions}."
+        )
+    conditions = list(request.conditions) if conditional else [None]
+    for name in conditions:
+        if name is not None:
+            loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
+    if request.cell_type is not None:
+        loaded.cell_type_index(request.cell_type)
+    n = request.cells_per_condition
+    rows = [
+        {"perturbation": name, "sample_idx": j, "cell_type": request.cell_type}
+        for name in conditions
+        for j in range(n)
+    ]
+    plan = pd.DataFrame(rows)
+    if not conditional:
+        plan = plan.drop(columns="perturbation")
+    else:
+        names = list(cfg.perturbations or [])
+        plan["perturbation_idx"] = [names.index(p) if p in names else -1
+                                    for p in plan["perturbation"]]
+    if request.cell_type is None:
+        plan = plan.drop(columns="cell_type")
+    plan.index = [f"cell_{i}" for i in range(len(plan))]
+    return plan
+
+
+def generate(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision: PrecisionPolicy,
+    *,
+    cell_range: range | None = None,
+    on_step: Callable[[StepStats], None] | None = None,
+) -> GenerationResult:
+    """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding)."""
+    request.validate()
+    plan = cell_plan(loaded, request)
+    cells = cell_range if cell_range is not None else range(len(plan))
+    if cells.start < 0 or cells.stop > len(plan):
+        raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
+    sampler = make_sampler(loaded, request.sampler, precision)
+    fallbacks_before = precision.fp32_fallbacks
+    forwards = 0
+
+    def count(stats: StepStats) -> None:
+        nonlocal forwards
+        forwards += 1
+        if on_step is not None:
+            on_step(stats)
+
+    num_genes = loaded.config.num_genes
+    batches: list[np.ndarray] = []
+    start = time.perf_counter()
+    with PeakMemory(loaded.device) as peak:
+        for lo in range(cells.start, cells.stop, request.batch_size):
+            hi = min(lo + request.batch_size, cells.stop)
+            part = plan.iloc[lo:hi]
+            labels = (loaded.perturbation_labels(list(part["perturbation"]))
+                      if "perturbation" in part else None)
+            cell_types = (loaded.cell_type_labels(list(part["cell_type"]))
+                          if "cell_type" in part else None)
+            tokens = sampler.sample(
+                hi - lo, steps=request.steps, num_genes=num_genes, seed=request.seed,
+                first_cell=lo, labels=labels, cell_types=cell_types,
+                temperature=request.temperature, on_step=count,
+            )
+            batches.append(tokens_to_counts(tokens, loaded.config.tokens.mask_index))
+    seconds = time.perf_counter() - start
+    counts = np.concatenate(batches) if batches else np.zeros((0, num_genes), dtype=np.int64)
+    n_cells = counts.shape[0]
+    stats = {
+        "cells": n_cells,
+        "seconds": seconds,
+        "cells_per_s": n_cells / seconds if seconds > 0 else float("nan"),
+        "tokens_per_s": n_cells * num_genes / seconds if seconds > 0 else float("nan"),
+        "forwards": forwards,
+        "peak_memory_mib": peak.mib,
+        "peak_memory_kind": peak.kind,
+        "fp32_fallbacks": precision.fp32_fallbacks - fallbacks_before,
+    }
+    return GenerationResult(counts, list(loaded.config.genes), plan.iloc[cells.start:cells.stop],
+                            stats)
