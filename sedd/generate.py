@@ -26,7 +26,8 @@ SamplerName = Literal["euler", "analytic"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """What to generate. ``conditions`` are perturbation names (conditional models only)."""
+    """What to generate. ``conditions`` are perturbation names (conditional models only); a
+    name listed k times gets k x ``cells_per_condition`` cells."""
 
     cells_per_condition: int
     conditions: tuple[str, ...] | None = None
@@ -62,8 +63,7 @@ class GenerationResult:
 
 def make_sampler(loaded: LoadedModel, name: SamplerName, precision: PrecisionPolicy) -> Sampler:
     cls = {"euler": EulerSampler, "analytic": AnalyticSampler}[name]
-    return cls(loaded.model, loaded.noise, loaded.graph, precision=precision,
-               device=loaded.device)
+    return cls(loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device)
 
 
 def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
@@ -93,12 +93,15 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         for j in range(n)
     ]
     plan = pd.DataFrame(rows)
+    if conditional:  # a condition may be listed more than once: number its cells on
+        plan["sample_idx"] = plan.groupby("perturbation", sort=False).cumcount()
     if not conditional:
         plan = plan.drop(columns="perturbation")
     else:
         names = list(cfg.perturbations or [])
-        plan["perturbation_idx"] = [names.index(p) if p in names else -1
-                                    for p in plan["perturbation"]]
+        plan["perturbation_idx"] = [
+            names.index(p) if p in names else -1 for p in plan["perturbation"]
+        ]
     if request.cell_type is None:
         plan = plan.drop(columns="cell_type")
     plan.index = [f"cell_{i}" for i in range(len(plan))]
@@ -136,14 +139,24 @@ def generate(
         for lo in range(cells.start, cells.stop, request.batch_size):
             hi = min(lo + request.batch_size, cells.stop)
             part = plan.iloc[lo:hi]
-            labels = (loaded.perturbation_labels(list(part["perturbation"]))
-                      if "perturbation" in part else None)
-            cell_types = (loaded.cell_type_labels(list(part["cell_type"]))
-                          if "cell_type" in part else None)
+            labels = (
+                loaded.perturbation_labels(list(part["perturbation"]))
+                if "perturbation" in part
+                else None
+            )
+            cell_types = (
+                loaded.cell_type_labels(list(part["cell_type"])) if "cell_type" in part else None
+            )
             tokens = sampler.sample(
-                hi - lo, steps=request.steps, num_genes=num_genes, seed=request.seed,
-                first_cell=lo, labels=labels, cell_types=cell_types,
-                temperature=request.temperature, on_step=count,
+                hi - lo,
+                steps=request.steps,
+                num_genes=num_genes,
+                seed=request.seed,
+                first_cell=lo,
+                labels=labels,
+                cell_types=cell_types,
+                temperature=request.temperature,
+                on_step=count,
             )
             batches.append(tokens_to_counts(tokens, loaded.config.tokens.mask_index))
     seconds = time.perf_counter() - start
@@ -159,5 +172,6 @@ def generate(
         "peak_memory_kind": peak.kind,
         "fp32_fallbacks": precision.fp32_fallbacks - fallbacks_before,
     }
-    return GenerationResult(counts, list(loaded.config.genes), plan.iloc[cells.start:cells.stop],
-                            stats)
+    return GenerationResult(
+        counts, list(loaded.config.genes), plan.iloc[cells.start : cells.stop], stats
+    )

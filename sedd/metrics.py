@@ -371,6 +371,7 @@ def evaluate_counts(
     max_cells: int = 2000,
     seed: int = 0,
     top_k_genes: int = 100,
+    pca_fit_counts: np.ndarray | sparse.spmatrix | None = None,
 ) -> dict:
     """All metrics, overall and per condition: {"overall": {...}, "per_condition": {...},
     "params": {...}} (see ``evaluate_counts_with_arrays``)."""
@@ -384,6 +385,7 @@ def evaluate_counts(
         max_cells=max_cells,
         seed=seed,
         top_k_genes=top_k_genes,
+        pca_fit_counts=pca_fit_counts,
     )
     return result
 
@@ -399,6 +401,7 @@ def evaluate_counts_with_arrays(
     max_cells: int = 2000,
     seed: int = 0,
     top_k_genes: int = 100,
+    pca_fit_counts: np.ndarray | sparse.spmatrix | None = None,
 ) -> tuple[dict, EvaluationArrays | None]:
     """Compare generated to real counts (cells x genes, same genes in the same order).
 
@@ -406,7 +409,11 @@ def evaluate_counts_with_arrays(
     sets; each shared condition is also compared on its own, and conditions present in one set
     only are listed as skipped. The PCA is fitted once, on the overall real cells (subsampled to
     ``max_cells``), and every group is projected into it, so distances are comparable across
-    conditions. Groups with fewer than ``MIN_GROUP_CELLS`` cells on a side get counts only.
+    conditions. Fitted on the compared real cells, it holds them in-sample while generated cells
+    are projected out-of-sample; with few real cells (hundreds, for 50 PCs) that inflates every
+    distance even for a perfect generator. ``pca_fit_counts`` (other real cells, same genes, e.g.
+    the training split) fits it on cells outside the comparison instead, removing that bias.
+    Groups with fewer than ``MIN_GROUP_CELLS`` cells on a side get counts only.
     Undefined values are None. Also returns the overall arrays for plots (None if skipped).
     """
     if n_pcs < 1 or max_cells < MIN_GROUP_CELLS or top_k_genes < 2:
@@ -456,10 +463,19 @@ def evaluate_counts_with_arrays(
         params["conditions_shared"] = len(shared)
         params["overall_cells"] = "cells of conditions present in both sets"
 
-    real_fit = real_log[real_keep][
-        _subsample(int(real_keep.sum()), max_cells, np.random.default_rng(seed))
-    ]
-    pca = fit_real_pca(real_fit, n_pcs, seed) if len(real_fit) >= MIN_GROUP_CELLS else None
+    if pca_fit_counts is None:
+        fit_log = real_log[real_keep]
+        params["pca_fit"] = "the compared real cells (in-sample)"
+    else:
+        fit_log = log_normalize(as_count_matrix(pca_fit_counts, "pca_fit"))
+        if fit_log.shape[1] != len(genes) or len(fit_log) < MIN_GROUP_CELLS:
+            raise ValueError(
+                f"pca_fit_counts needs >= {MIN_GROUP_CELLS} cells x {len(genes)} genes, got "
+                f"{fit_log.shape}."
+            )
+        params["pca_fit"] = f"{len(fit_log)} separate real cells (out-of-sample)"
+    fit_log = fit_log[_subsample(len(fit_log), max_cells, np.random.default_rng(seed))]
+    pca = fit_real_pca(fit_log, n_pcs, seed) if len(fit_log) >= MIN_GROUP_CELLS else None
     options = {"max_cells": max_cells, "seed": seed, "top_k": top_k_genes}
     overall, views = _evaluate_group(
         real[real_keep], gen[gen_keep], real_log[real_keep], gen_log[gen_keep], pca, **options

@@ -20,13 +20,13 @@ from sedd.metrics import EvaluationArrays
 REAL_COLOUR = "#1f77b4"
 GEN_COLOUR = "#d62728"
 # Gene names on heatmap axes only while they stay readable.
-MAX_LABELLED_GENES = 40
+MAX_LABELLED_GENES = 30
 
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
 
 

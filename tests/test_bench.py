@@ -11,10 +11,25 @@ from sedd.cli import main
 
 def test_bench_prints_and_writes_fp32_and_bf16_side_by_side(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main([
-        "bench", "--shapes", "32/1/2", "--num-genes", "64", "--batch-sizes", "2",
-        "--steps", "2", "--repeats", "1", "--num-bins", "8", "--out", str(out),
-    ])
+    code = main(
+        [
+            "bench",
+            "--shapes",
+            "32/1/2",
+            "--num-genes",
+            "64",
+            "--batch-sizes",
+            "2",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--num-bins",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "fp32" in printed and "bf16" in printed and "speedup vs fp32" in printed

@@ -86,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="keep only real cells with obs[split-key] == this (e.g. test); default: all cells",
     )
+    p.add_argument(
+        "--pca-fit-on-rest",
+        action="store_true",
+        help="fit the PCA on the real cells outside --split-value instead of the compared ones, "
+        "so real and generated cells are both projected out-of-sample (recommended for small "
+        "splits: an in-sample fit inflates the distances even for a perfect generator)",
+    )
     p.set_defaults(func=run)
 
 
@@ -97,8 +104,11 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 160))
     real, gen = _read_h5ad(args.real, "--real"), _read_h5ad(args.generated, "--generated")
     n_real_file = real.n_obs
+    if args.pca_fit_on_rest and args.split_value is None:
+        raise ValueError("--pca-fit-on-rest needs --split-value: it fits on the other cells.")
+    rest = None
     if args.split_value is not None:
-        real = _restrict_to_split(real, args.split_key, args.split_value)
+        real, rest = _split(real, args.split_key, args.split_value)
         console.print(
             f"real: {real.n_obs} of {n_real_file} cells with {args.split_key} == "
             f"{args.split_value!r}"
@@ -123,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         max_cells=args.max_cells,
         seed=args.seed,
         top_k_genes=args.top_genes,
+        pca_fit_counts=as_count_matrix(rest[:, genes].X, "PCA-fit cells")
+        if args.pca_fit_on_rest
+        else None,
     )
     result = {
         "inputs": {
@@ -177,7 +190,8 @@ def _read_h5ad(path: Path, flag: str) -> anndata.AnnData:
     return adata
 
 
-def _restrict_to_split(real: anndata.AnnData, key: str, value: str) -> anndata.AnnData:
+def _split(real: anndata.AnnData, key: str, value: str) -> tuple[anndata.AnnData, anndata.AnnData]:
+    """The real cells with obs[key] == value, and the others."""
     if key not in real.obs.columns:
         raise ValueError(
             f"--split-key {key!r} is not an obs column of the real file; "
@@ -187,7 +201,7 @@ def _restrict_to_split(real: anndata.AnnData, key: str, value: str) -> anndata.A
     if not keep.any():
         values = sorted(real.obs[key].astype(str).unique())[:10]
         raise ValueError(f"no real cell has {key} == {value!r}; values include {values}.")
-    return real[keep]
+    return real[keep], real[~keep]
 
 
 def _shared_genes(

@@ -21,8 +21,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="cell i draws from stream (seed, i)")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
-                   help="autocast dtype of the model forward (auto: bf16 where it is fast)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "fp32"],
+        help="autocast dtype of the model forward (auto: bf16 where it is fast)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="cells per model forward")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cell-type", help="condition every cell on this cell type")
@@ -30,14 +34,19 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "generate", help="generate cells into an .h5ad file",
+        "generate",
+        help="generate cells into an .h5ad file",
         description="Generate cells with the reverse diffusion sampler. Conditional models "
-                    "generate --cells per condition (default: every condition).",
+        "generate --cells per condition (default: every condition).",
     )
     add_model_arguments(p)
     p.add_argument("--cells", type=int, default=100, help="cells per condition (default 100)")
-    p.add_argument("--conditions", nargs="+", metavar="NAME",
-                   help="perturbation/condition names (default: all the model knows)")
+    p.add_argument(
+        "--conditions",
+        nargs="+",
+        metavar="NAME",
+        help="perturbation/condition names (default: all the model knows)",
+    )
     add_sampling_arguments(p)
     p.add_argument("--out", type=Path, default=Path("out/generated.h5ad"))
     p.set_defaults(func=run)
@@ -49,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
     if conditions is None and loaded.config.perturbations is not None:
         conditions = list(loaded.config.perturbations)
     request = GenerationRequest(
-        cells_per_condition=args.cells, conditions=tuple(conditions) if conditions else None,
-        cell_type=args.cell_type, steps=args.steps, sampler=args.sampler,
-        temperature=args.temperature, seed=args.seed, batch_size=args.batch_size,
+        cells_per_condition=args.cells,
+        conditions=tuple(conditions) if conditions else None,
+        cell_type=args.cell_type,
+        steps=args.steps,
+        sampler=args.sampler,
+        temperature=args.temperature,
+        seed=args.seed,
+        batch_size=args.batch_size,
     )
     return write_generation(loaded, request, args.precision, args.out)
 
@@ -67,9 +81,13 @@ def write_generation(loaded, request: GenerationRequest, precision_name: str, ou
         result = generate(loaded, request, precision, on_step=lambda _: bar.update())
     stats = result.stats
     uns = provenance_uns(
-        sampler=request.sampler, steps=request.steps, seed=request.seed,
-        temperature=request.temperature, precision_record=precision.record(),
-        checkpoint_hash=loaded.file_hash, timings=stats,
+        sampler=request.sampler,
+        steps=request.steps,
+        seed=request.seed,
+        temperature=request.temperature,
+        precision_record=precision.record(),
+        checkpoint_hash=loaded.file_hash,
+        timings=stats,
         extra={"model": str(loaded.path), "request": request.__dict__},
     )
     write_cells_h5ad(out, result.counts, result.genes, result.obs, uns)
