@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 # Sub-command modules, each with ``register(subparsers)`` that sets ``func`` on its parser.
-_COMMAND_MODULES = ("generate", "bench", "checkpoints")
+_COMMAND_MODULES = ("generate", "bench", "checkpoints", "evaluate", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
