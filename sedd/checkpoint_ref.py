@@ -26,6 +26,8 @@ from sedd.checkpoint import (
     CheckpointError,
     SourceParts,
     build_model,
+)
+from sedd.checkpoint_io import (
     read_json,
     read_safetensors,
     read_torch_file,

@@ -26,6 +26,8 @@ import torch
 from sedd.checkpoint import (
     CheckpointError,
     SourceParts,
+)
+from sedd.checkpoint_io import (
     read_json,
     read_safetensors,
     read_torch_file,

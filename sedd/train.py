@@ -485,6 +485,7 @@ class Trainer:
             save_native(loaded, tmp, training_command=self.command, data_hash=self.data.data_hash)
             for name in (WEIGHTS_FILE, CONFIG_FILE):  # each file appears whole
                 os.replace(tmp / name, out / name)
+            os.chmod(out / WEIGHTS_FILE, 0o644)  # safetensors writes 0600; the model is public
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return out

@@ -26,22 +26,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     p.add_argument("--config", type=Path, metavar="FILE", help="training config (JSON)")
     p.add_argument("--out", metavar="DIR", help="native model directory (EMA weights)")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="train_state.pt + metrics.jsonl (default runs/<name of --out>)")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="train_state.pt + metrics.jsonl (default runs/<name of --out>)",
+    )
     p.add_argument("--data", metavar="FILE", help=".h5ad of integer counts")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps in total")
-    p.add_argument("--until-step", type=int, metavar="N",
-                   help="stop (and save) at step N; the schedule still spans --max-steps")
+    p.add_argument(
+        "--until-step",
+        type=int,
+        metavar="N",
+        help="stop (and save) at step N; the schedule still spans --max-steps",
+    )
     p.add_argument("--batch-size", type=int, metavar="N", help="cells per micro-batch")
     p.add_argument("--accum-steps", type=int, metavar="N", help="micro-batches per step")
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
-    p.add_argument("--amp", choices=["bf16", "fp16", "fp32"],
-                   help="autocast dtype of the forward (fp16: CUDA only)")
+    p.add_argument(
+        "--amp",
+        choices=["bf16", "fp16", "fp32"],
+        help="autocast dtype of the forward (fp16: CUDA only)",
+    )
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--activation-checkpointing", action="store_true", default=None)
-    p.add_argument("--resume", action="store_true",
-                   help="continue from <run-dir>/train_state.pt at its step + 1")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from <run-dir>/train_state.pt at its step + 1",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
     p.set_defaults(func=run)
 
@@ -53,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         lr=args.lr, seed=args.seed, amp=args.amp, device=args.device,
         activation_checkpointing=args.activation_checkpointing,
     )  # fmt: skip
-    if args.out and not args.run_dir and config.run_dir is None:
-        config = config.model_copy(update={"run_dir": str(Path("runs") / Path(args.out).name)})
+    if args.out and not args.run_dir:  # a new --out gets its own run directory
+        config = config.model_copy(update={"run_dir": None})
     command = shlex.join(["sedd", *sys.argv[1:]])  # the command line as typed, under any launcher
     trainer = Trainer(config, resume=args.resume, command=command, progress=not args.no_progress)
     summary = trainer.fit(until=args.until_step)
