@@ -140,12 +140,15 @@ def write_cells_h5ad(
     uns: Mapping[str, Any],
     *,
     compression: Literal["gzip", "lzf"] | None = "gzip",
+    count_dtype: Literal["int", "float32"] = "int",
 ) -> Path:
     """Write cells x genes integer counts to ``path`` atomically and return the path.
 
     - ``var_names`` = ``genes`` (model order); ``obs`` columns as given, strings as categoricals
       (a dict gets obs_names ``"0".."N-1"``);
     - counts as int32 (int64 if the max needs it), CSR when smaller than dense;
+      ``count_dtype="float32"`` stores the same integer values as float32, for tools that
+      normalise ``.X`` in place (Arc's cell-eval / pdex fail on integer matrices);
     - ``uns`` made writable: None -> "None", tuples -> lists, numpy/torch scalars -> Python.
     The file is written to a temporary name in the same directory, then ``os.replace``d.
     """
@@ -153,6 +156,8 @@ def write_cells_h5ad(
     genes = [str(g) for g in genes]
     _require_unique(genes, "genes")
     matrix = _count_matrix_for_writing(counts, n_genes=len(genes))
+    if count_dtype == "float32":
+        matrix = matrix.astype(np.float32)
     obs_frame = _obs_frame(obs, n_cells=matrix.shape[0])
     adata = anndata.AnnData(
         X=matrix, obs=obs_frame, var=pd.DataFrame(index=pd.Index(genes, dtype=object))

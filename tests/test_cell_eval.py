@@ -35,14 +35,21 @@ def test_conditional_output_is_accepted_by_cell_eval(tmp_path):
     request = GenerationRequest(cells_per_condition=8, conditions=labels, steps=8, seed=0)
     result = generate(loaded, request, resolve_precision("fp32", "cpu"))
     pred = write_cells_h5ad(
-        tmp_path / "pred.h5ad", result.counts, result.genes, result.obs[["perturbation"]], {}
+        tmp_path / "pred.h5ad",
+        result.counts,
+        result.genes,
+        result.obs[["perturbation"]],
+        {},
+        count_dtype="float32",
     )
     real = read_counts(DATA)[:, list(loaded.config.genes)]
     real = real[real.obs["split"] == "test"]
     obs = pd.DataFrame(
         {"perturbation": real.obs["bulk_labels"].astype(str).to_numpy()}, index=real.obs_names
     )
-    real_path = write_cells_h5ad(tmp_path / "real.h5ad", real.X, result.genes, obs, {})
+    real_path = write_cells_h5ad(
+        tmp_path / "real.h5ad", real.X, result.genes, obs, {}, count_dtype="float32"
+    )
     exe = Path(sys.executable).with_name("cell-eval")
     cmd = [
         str(exe) if exe.exists() else shutil.which("cell-eval") or "cell-eval",

@@ -306,3 +306,14 @@ def test_write_cells_h5ad_rejects_mismatched_genes_and_non_counts(tmp_path: Path
     with pytest.raises(ValueError, match="not integer counts"):
         write_cells_h5ad(tmp_path / "x.h5ad", small_counts() + 0.5, GENES, {}, {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_cells_h5ad_float32_keeps_the_integer_values(tmp_path: Path) -> None:
+    counts = np.array([[0, 3, 0, 0], [7, 0, 0, 1]])
+    path = write_cells_h5ad(
+        tmp_path / "f.h5ad", counts, ["a", "b", "c", "d"], {}, {}, count_dtype="float32"
+    )
+    back = anndata.read_h5ad(path)
+    matrix = back.X.toarray() if sp.issparse(back.X) else back.X
+    assert matrix.dtype == np.float32
+    np.testing.assert_array_equal(matrix, counts)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tqdm import tqdm
 
 from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.checkpoint import LoadedModel
 from sedd.commands.checkpoints import add_model_arguments, load_from_args
 from sedd.generate import GenerationRequest, generate
 from sedd.precision import resolve_precision
@@ -49,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_sampling_arguments(p)
     p.add_argument("--out", type=Path, default=Path("out/generated.h5ad"))
+    p.add_argument(
+        "--counts-dtype",
+        choices=["int", "float32"],
+        default="int",
+        help="float32 stores the integer counts as floats (for Arc's cell-eval)",
+    )
     p.set_defaults(func=run)
 
 
@@ -67,10 +75,16 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
     )
-    return write_generation(loaded, request, args.precision, args.out)
+    return write_generation(loaded, request, args.precision, args.out, args.counts_dtype)
 
 
-def write_generation(loaded, request: GenerationRequest, precision_name: str, out: Path) -> int:
+def write_generation(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision_name: str,
+    out: Path,
+    counts_dtype: Literal["int", "float32"] = "int",
+) -> int:
     """Generate with a progress bar, write the h5ad and a metrics JSON, print a summary."""
     request.validate()
     precision = resolve_precision(precision_name, loaded.device)
@@ -90,7 +104,7 @@ def write_generation(loaded, request: GenerationRequest, precision_name: str, ou
         timings=stats,
         extra={"model": str(loaded.path), "request": request.__dict__},
     )
-    write_cells_h5ad(out, result.counts, result.genes, result.obs, uns)
+    write_cells_h5ad(out, result.counts, result.genes, result.obs, uns, count_dtype=counts_dtype)
     metrics_path = out.with_suffix(".metrics.json")
     summary = {"output": str(out), **stats, "precision": precision.record()}
     metrics_path.write_text(json.dumps(summary, indent=2, default=str))
