@@ -49,6 +49,7 @@ def main() -> int:
     p.add_argument("--multiplier", type=int, default=1, help="generated cells per held-out cell")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", type=Path, default=Path("bench_results/quality.json"))
+    p.add_argument("--reuse", action="store_true", help="reuse generated sets saved by a run")
     args = p.parse_args()
 
     loaded = load_checkpoint(args.model)
@@ -76,12 +77,19 @@ def main() -> int:
         return result.counts
 
     print(f"generating {len(labels)} cells per variant ({args.steps} steps) ...")
-    sets = {
-        "ours_fp32": run(args.steps, "fp32", 0),
-        "one_shot_fp32": run(1, "fp32", 0),
-        "ours_fp32_seed1": run(args.steps, "fp32", 1),
-        "ours_bf16": run(args.steps, "bf16", 0),
+    variants = {
+        "ours_fp32": (args.steps, "fp32", 0),
+        "one_shot_fp32": (1, "fp32", 0),
+        "ours_fp32_seed1": (args.steps, "fp32", 1),
+        "ours_bf16": (args.steps, "bf16", 0),
     }
+    cache = args.out.with_suffix(".sets.npz")  # generated counts, so the analysis can be rerun
+    cached = dict(np.load(cache)) if args.reuse and cache.exists() else {}
+    sets = {}
+    for name, spec in variants.items():
+        sets[name] = cached[name] if name in cached else run(*spec)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(cache, **sets)
     real_labels = [str(v) for v in test.obs["bulk_labels"]]
     vs_real = {
         name: evaluate_counts(

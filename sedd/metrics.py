@@ -52,6 +52,7 @@ def as_count_matrix(counts: np.ndarray | sparse.spmatrix, name: str) -> np.ndarr
 
 def log_normalize(counts: np.ndarray, target_sum: float = TARGET_SUM) -> np.ndarray:
     """x_cg = log1p(target_sum * c_cg / sum_g' c_cg'); a cell with no counts stays all zero."""
+    counts = np.asarray(counts, dtype=np.float64)  # integer counts are fine too
     totals = counts.sum(axis=1, keepdims=True)  # (N, 1)
     scale = np.divide(target_sum, totals, out=np.zeros_like(totals), where=totals > 0)
     return np.log1p(counts * scale)

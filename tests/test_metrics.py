@@ -18,6 +18,7 @@ from sedd.metrics import (
     evaluate_counts,
     frechet_distance,
     knn_auc,
+    log_normalize,
     mmd2_unbiased,
 )
 
@@ -269,3 +270,8 @@ def test_cli_errors_name_the_problem(tmp_path):
         _evaluate_cli(
             "--real", str(tmp_path / "real.h5ad"), "--generated", str(tmp_path / "g.h5ad")
         )
+
+
+def test_log_normalize_accepts_integer_counts():
+    out = log_normalize(np.array([[1, 3], [0, 0]], dtype=np.int64))
+    np.testing.assert_allclose(out, np.log1p([[2500.0, 7500.0], [0.0, 0.0]]))
