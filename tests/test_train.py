@@ -286,3 +286,26 @@ def test_cli_trains_records_the_command_and_resumes(tmp_path, data_file, monkeyp
     args = parser.parse_args([*argv, "--resume"])
     assert args.func(args) == 0
     assert "already at step 2" in capsys.readouterr().out
+
+
+def test_documented_command_chain_reproduces_the_weights_byte_for_byte(tmp_path, data_file):
+    """The bundled model's recipe (train, then --resume with a larger --max-steps), run twice
+    from nothing, writes identical model.safetensors files."""
+    config_file = tmp_path / "train.json"
+    settings = _config(tmp_path, data_file).model_dump(mode="json")
+    settings.pop("out"), settings.pop("run_dir")
+    config_file.write_text(json.dumps(settings))
+    parser = argparse.ArgumentParser(prog="sedd")
+    train_command.register(parser.add_subparsers(dest="command"))
+
+    def recipe(name: str) -> str:
+        common = ["train", "--config", str(config_file), "--out", str(tmp_path / name),
+                  "--run-dir", str(tmp_path / f"{name}_run"), "--no-progress"]  # fmt: skip
+        for extra in (["--max-steps", "2"], ["--resume", "--max-steps", "3"]):
+            args = parser.parse_args([*common, *extra])
+            assert args.func(args) == 0
+        return sha256_of(tmp_path / name / "model.safetensors")
+
+    first, second = recipe("first"), recipe("second")
+    assert first == second
+    assert load_checkpoint(tmp_path / "first").config.provenance.step == 3
