@@ -117,6 +117,8 @@ class PrecisionPolicy:
     tf32: bool = False
     weight_dtype: torch.dtype = torch.float32
     fp32_fallbacks: int = field(default=0)
+    # Rows of the latest forward's batch that were recomputed in fp32 (for per-request counts).
+    last_fallback_rows: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -152,6 +154,7 @@ class PrecisionPolicy:
             raw = model(x, sigma, labels=labels, cell_types=cell_types)  # (B, L, V)
         out = self._gather_fp32(raw, positions)
         bad_rows = self._bad_rows(out, positions, x.shape[0])
+        self.last_fallback_rows = tuple(bad_rows.tolist())
         if bad_rows.numel() == 0:
             return out
         # precision: rule 5, recompute only the affected rows with autocast off.

@@ -165,12 +165,15 @@ class Sampler:
         cell_types: torch.Tensor | None = None,
         temperature: float | torch.Tensor = 1.0,
         fixed: torch.Tensor | None = None,
+        analytic: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One reverse step of every row from time t to s (both (B,), fp64; rows may differ).
 
         x: (B, L) tokens; ``generators``: one per row (each cell its own stream), or a single one
         shared by all rows (one request). Rows with s == 0 are denoised (final step).
         ``fixed`` (B, L) bool marks given positions that never change (imputation).
+        ``analytic`` (B,) bool picks the analytic step per row (default: this sampler's
+        predictor for all rows), so requests of both predictors can share one forward.
         Returns the new (B, L) tokens; ``x`` is not modified.
         """
         num_rows = x.shape[0]
@@ -194,6 +197,9 @@ class Sampler:
         uniforms = self._uniforms(generators, per_row, x.device)  # (M,) fp64, like x[active]
         temp = torch.as_tensor(temperature, dtype=torch.float32, device=x.device)
         temp = temp.expand(num_rows) if temp.ndim == 0 else temp
+        if analytic is None:
+            analytic = torch.full((num_rows,), self.predictor == "analytic", device=x.device)
+        analytic = analytic.to(x.device)
         if (temp <= 0).any():
             raise ValueError(f"temperature must be > 0, got {temp.min().item()}.")
         current = x[active]
@@ -202,11 +208,13 @@ class Sampler:
         for lo in range(0, current.shape[0], _CHUNK_POSITIONS):
             sl = slice(lo, lo + _CHUNK_POSITIONS)
             r = rows[sl]
+            tweedie = (s[r] <= 0) | analytic[r]
             probs = self._transition_probs(
-                out[sl], current[sl], sigma_t[r], sigma_s[r], t[r], s[r], s[r] <= 0
+                out[sl], current[sl], sigma_t[r], sigma_s[r], t[r], s[r], s[r] <= 0, tweedie
             )
-            if not torch.all(temp[r] == 1):
-                probs = _temper(probs, current[sl], temp[r])
+            hot = temp[r] != 1  # only tempered rows go through _temper: T = 1 rows stay exact
+            if hot.any():
+                probs[hot] = _temper(probs[hot], current[sl][hot], temp[r][hot])
             new[sl] = self._draw(probs, uniforms[sl], s[r] <= 0)
         x_next = x.clone()
         x_next[active] = new
@@ -263,24 +271,28 @@ class Sampler:
         t: torch.Tensor,
         s: torch.Tensor,
         final: torch.Tensor,
+        tweedie: torch.Tensor,
     ) -> torch.Tensor:
-        """Unnormalised p(x_s = y | x_t) at each active position, (M, V) fp32."""
+        """Unnormalised p(x_s = y | x_t) at each active position, (M, V) fp32.
+
+        ``tweedie`` (M,) marks positions taking the analytic update (analytic rows and the final
+        denoise); the others take the Euler step.
+        """
         score = self._score(out, current, sigma_t)
         # Final denoise (and every analytic step) is the Tweedie update at dsigma.
         dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()
-        if self.predictor == "analytic" or final.all():
+        if tweedie.all():
             probs = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
                 current, dsigma
             )
         else:
-            match self.predictor:
-                case "euler":
-                    dt_rate = ((t - s) * self.noise.rate_noise(t)).float()  # (M,)
-                    onehot = F.one_hot(current, self.graph.dim).float()
-                    probs = onehot + dt_rate[:, None] * self.graph.reverse_rate(current, score)
-            if final.any():
-                fin = self.graph.staggered_score(score[final], dsigma[final])
-                probs[final] = fin * self.graph.transp_transition(current[final], dsigma[final])
+            dt_rate = ((t - s) * self.noise.rate_noise(t)).float()  # (M,)
+            onehot = F.one_hot(current, self.graph.dim).float()
+            probs = onehot + dt_rate[:, None] * self.graph.reverse_rate(current, score)
+            if tweedie.any():
+                d = dsigma[tweedie]
+                tw = self.graph.staggered_score(score[tweedie], d)
+                probs[tweedie] = tw * self.graph.transp_transition(current[tweedie], d)
         if self.graph.absorb and final.any():
             probs[final, self.graph.dim - 1] = 0.0  # the mask is never emitted
         return probs

@@ -1,0 +1,409 @@
+"""Step-level continuous batching: one engine per accelerator steps every request's rows together.
+
+Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave, waiting rows join, then
+one ``Sampler.step`` moves every in-flight row one step on its own job's grid
+linspace(1, eps, steps + 1), followed by the denoise to s = 0, with per-row t, s, temperature,
+predictor, conditioning and generator (``sedd.engine_rows``). Cell i of a job draws from stream
+(seed, first_cell + i), so its tokens are those of ``Sampler.sample`` run alone, up to the fp
+noise of batched matmuls.
+
+* Admission is by rows, strictly FIFO, up to ``max_rows_per_forward`` rows in flight. The head of
+  the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
+  later boundaries, each block on its own step. So a job larger than the cap runs in row chunks
+  and no job is overtaken (none starves).
+* Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
+  cannot share a forward; each kind gets its own forward in the tick.
+* Faults stay with their job. Generator states are saved before each forward, so a failed forward
+  is retried without using up anyone's random stream. Out of memory: the rows are split in halves
+  and retried, and a single job that still runs out alone fails with the error. Any other error
+  (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job is retried
+  alone and only those that fail again fail. A finished job holding a mask or out-of-range token
+  fails (PRECISION.md rule 5). Nothing a job does stops the engine.
+* The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import InvalidStateError
+
+import torch
+
+from sedd.checkpoint import LoadedModel
+from sedd.engine_jobs import (
+    EngineFull,
+    EngineJob,
+    EngineObserver,
+    EngineStopped,
+    InvalidTokensError,
+    JobCancelled,
+    JobHandle,
+    JobProgress,
+    JobResult,
+    JobTimeout,
+    job_from_request,
+    validate_job,
+)
+from sedd.engine_rows import JobState, RowBlock, Slice, halves, step_slices
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import Sampler
+
+__all__ = [
+    "Engine",
+    "EngineFull",
+    "EngineJob",
+    "EngineObserver",
+    "EngineStopped",
+    "InvalidTokensError",
+    "JobCancelled",
+    "JobHandle",
+    "JobProgress",
+    "JobResult",
+    "JobTimeout",
+    "is_out_of_memory",
+    "job_from_request",
+]
+
+log = logging.getLogger(__name__)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for an accelerator out-of-memory error (a function, so tests can widen it)."""
+    return isinstance(err, torch.OutOfMemoryError)
+
+
+class Engine:
+    """Continuous-batching sampler over one loaded model (see the module docstring)."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        precision: PrecisionPolicy,
+        *,
+        max_rows_per_forward: int = 256,
+        max_queued_jobs: int = 64,
+        observer: EngineObserver | None = None,
+        eps: float = 1e-5,
+    ) -> None:
+        if max_rows_per_forward < 1:
+            raise ValueError(f"max_rows_per_forward must be >= 1, got {max_rows_per_forward}.")
+        if max_queued_jobs < 1:
+            raise ValueError(f"max_queued_jobs must be >= 1, got {max_queued_jobs}.")
+        if not 0.0 < eps < 1.0:
+            raise ValueError(f"eps must be in (0, 1), got {eps}.")
+        self.loaded, self.precision, self.observer, self.eps = loaded, precision, observer, eps
+        self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
+        self.num_genes = loaded.config.num_genes
+        self.sampler = Sampler(
+            loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device
+        )
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._waiting: deque[JobState] = deque()  # FIFO; the head may be partly admitted
+        self._active: list[RowBlock] = []
+        self._accepting, self._abort = True, False
+        self._thread: threading.Thread | None = None
+        self._next_id = 0
+        self._tick_seconds = 0.0  # moving average of a busy tick, for retry_after
+        self.last_tick_monotonic: float | None = None
+
+    def submit(
+        self, job: EngineJob, on_progress: Callable[[JobProgress], None] | None = None
+    ) -> JobHandle:
+        """Queue ``job``. Raises ValueError (naming the field), EngineFull or EngineStopped.
+
+        ``on_progress`` is called on the engine thread after every step of the job: keep it short
+        (e.g. ``loop.call_soon_threadsafe``).
+        """
+        validate_job(job, self.loaded)
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopped("the engine is shutting down and takes no new jobs.")
+            queued = sum(1 for st in self._waiting if st.admitted == 0)
+            if queued >= self.max_queued_jobs:
+                raise EngineFull(
+                    f"the queue is full ({queued} jobs waiting); try again later.",
+                    self._retry_after_locked(),
+                )
+            handle = JobHandle(self._next_id, self._notify)
+            self._next_id += 1
+            self._waiting.append(JobState(job, handle, on_progress, time.monotonic()))
+            self._wake.notify_all()
+        return handle
+
+    # ---- one step boundary -----------------------------------------------------------------
+
+    def tick(self) -> int:
+        """Drop ended jobs, admit waiting rows, step every in-flight row once; rows stepped."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine thread is running: only it may call tick().")
+        start = time.monotonic()
+        with self._lock:
+            ended = self._ended_locked(start)
+            joined = self._admit_locked(start)
+            blocks = list(self._active)
+        for st, err in ended:
+            self._finish(st, None, err)
+        graph, device = self.loaded.graph, self.loaded.device
+        for blk in joined:
+            try:
+                blk.state.materialise(
+                    self.eps, lambda n: graph.sample_limit(n, self.num_genes, device=device)
+                )
+                blk.make_generators(device)
+            except Exception as err:  # e.g. out of memory for the job's tokens: that job only
+                self._finish(blk.state, None, err)
+        blocks = [blk for blk in blocks if not blk.state.done]
+        if blocks:
+            self._step(blocks)
+            self._retire(blocks)
+            seconds = time.monotonic() - start
+            old = self._tick_seconds
+            self._tick_seconds = seconds if old == 0 else 0.8 * old + 0.2 * seconds
+        self.last_tick_monotonic = time.monotonic()
+        return sum(blk.rows for blk in blocks)
+
+    def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
+        ended: list[tuple[JobState, Exception]] = []
+        for st in self._states_locked():
+            name = f"job {st.handle.job_id}"
+            if st.handle.cancel_requested or st.handle.future.cancelled():
+                ended.append((st, JobCancelled(f"{name} was cancelled.")))
+            elif st.job.deadline is not None and now > st.job.deadline:
+                ended.append((st, JobTimeout(f"{name} did not finish before its deadline.")))
+        for st, _ in ended:
+            self._remove_locked(st)
+        return ended
+
+    def _admit_locked(self, now: float) -> list[RowBlock]:
+        free = self.max_rows_per_forward - sum(blk.rows for blk in self._active)
+        joined: list[RowBlock] = []
+        while free > 0 and self._waiting:
+            st = self._waiting[0]
+            take = min(st.job.num_cells - st.admitted, free)
+            st.started = now if st.started is None else st.started
+            joined.append(RowBlock(st, st.admitted, st.admitted + take))
+            st.admitted += take
+            free -= take
+            if st.admitted == st.job.num_cells:
+                self._waiting.popleft()
+        self._active.extend(joined)
+        return joined
+
+    def _step(self, blocks: list[RowBlock]) -> None:
+        """One step of every block: one forward per kind of conditioning."""
+        kinds: dict[tuple[object, ...], list[Slice]] = {}
+        for blk in blocks:
+            labels, cell_types = blk.state.job.labels, blk.state.job.cell_types
+            kind = (None if labels is None else labels.dim(), cell_types is None)
+            kinds.setdefault(kind, []).append((blk, 0, blk.rows))
+        for slices in kinds.values():
+            self._attempt(slices)
+        for blk in blocks:
+            if not blk.state.done:
+                blk.step += 1
+
+    def _attempt(self, slices: list[Slice]) -> None:
+        """Step ``slices`` in one forward; on failure split (OOM) or isolate the jobs (else)."""
+        slices = [sl for sl in slices if not sl[0].state.done]
+        if not slices:
+            return
+        gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
+        saved = [g.get_state() for g in gens]
+        try:
+            rows, seconds = step_slices(self.sampler, self.precision, slices)
+        except Exception as err:  # a job's fault must never stop the engine
+            for g, state in zip(gens, saved, strict=True):
+                g.set_state(state)
+            jobs = list({id(blk.state): blk.state for blk, _, _ in slices}.values())
+            if len(jobs) == 1:
+                log.warning("job %d failed: %r", jobs[0].handle.job_id, err)
+                self._finish(jobs[0], None, err)
+            elif is_out_of_memory(err):
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                for half in halves(slices):
+                    self._attempt(half)
+            else:
+                for st in jobs:
+                    self._attempt([sl for sl in slices if sl[0].state is st])
+            return
+        self._observe("on_forward", rows, seconds)
+
+    def _retire(self, blocks: list[RowBlock]) -> None:
+        """Drop finished blocks, report progress, complete jobs whose rows are all done."""
+        finished = [blk for blk in blocks if not blk.state.done and blk.finished]
+        with self._lock:
+            for blk in finished:
+                self._active.remove(blk)
+                blk.state.rows_done += blk.rows
+            active = list(self._active)
+        stepped = {id(blk.state): blk.state for blk in blocks if not blk.state.done}
+        for st in stepped.values():
+            if st.on_progress is not None:
+                self._report(st, [blk for blk in active if blk.state is st])
+        for st in stepped.values():
+            if st.rows_done == st.job.num_cells:
+                self._complete(st)
+
+    def _report(self, st: JobState, mine: list[RowBlock]) -> None:
+        if st.admitted < st.job.num_cells:
+            step = 0
+        else:
+            step = min((blk.step for blk in mine), default=st.job.steps + 1)
+        masked = 0.0
+        if self.loaded.graph.absorb:
+            masked = float((st.x == self.loaded.graph.mask_index).float().mean())
+        rows = sum(blk.rows for blk in mine)
+        try:
+            st.on_progress(JobProgress(step, st.job.steps + 1, rows, masked))  # type: ignore[misc]
+        except Exception:  # a caller's hook must not stop the engine
+            log.exception("on_progress of job %d raised", st.handle.job_id)
+
+    def _complete(self, st: JobState) -> None:
+        tokens = st.x.cpu()  # (N, G)
+        graph = self.loaded.graph
+        real = graph.dim - 1 if graph.absorb else graph.dim
+        if bool((tokens < 0).any() or (tokens >= real).any()):
+            bad = InvalidTokensError(
+                f"job {st.handle.job_id} ended with mask or out-of-range tokens; they are not "
+                "returned (PRECISION.md rule 5)."
+            )
+            self._finish(st, None, bad)
+            return
+        now = time.monotonic()
+        started = st.started if st.started is not None else now
+        result = JobResult(tokens, started - st.submitted, now - started, st.forwards, st.fallbacks)
+        self._finish(st, result, None)
+
+    def _finish(self, st: JobState, result: JobResult | None, err: Exception | None) -> None:
+        """Resolve a job's future (once), drop its rows and tell the observer."""
+        if st.done:
+            return
+        st.done = True
+        with self._lock:
+            self._remove_locked(st)
+        try:
+            if err is None:
+                st.handle.future.set_result(result)  # type: ignore[arg-type]
+            else:
+                st.handle.future.set_exception(err)
+        except InvalidStateError:  # the caller cancelled the future itself
+            pass
+        match err:
+            case None:
+                outcome = "ok"
+            case JobCancelled():
+                outcome = "cancelled"
+            case JobTimeout():
+                outcome = "timeout"
+            case _:
+                outcome = "error"
+        self._observe("on_job_done", st.job, result, outcome)
+
+    def _remove_locked(self, st: JobState) -> None:
+        self._active = [blk for blk in self._active if blk.state is not st]
+        if st in self._waiting:
+            self._waiting.remove(st)
+
+    def _states_locked(self) -> list[JobState]:
+        found = [*(blk.state for blk in self._active), *self._waiting]
+        return list({id(st): st for st in found}.values())
+
+    def _observe(self, hook: str, *args: object) -> None:
+        fn = getattr(self.observer, hook, None)
+        if fn is None:
+            return
+        try:
+            fn(*args)
+        except Exception:  # monitoring must not stop the engine
+            log.exception("observer %s raised", hook)
+
+    def _retry_after_locked(self) -> float:
+        """Seconds until the first in-flight job ends and the queue moves (an estimate)."""
+        if self._tick_seconds == 0:
+            return 1.0
+        left = min((blk.state.job.steps + 1 - blk.step for blk in self._active), default=1)
+        return max(0.05, self._tick_seconds * left)
+
+    # ---- the background thread -------------------------------------------------------------
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._wake.notify_all()
+
+    def start(self) -> None:
+        """Loop ``tick`` on a background thread, which sleeps on a condition while idle."""
+        with self._lock:
+            if not self._accepting:
+                raise EngineStopped("the engine was stopped; build a new one.")
+            if self._thread is not None:
+                raise RuntimeError("the engine is already running.")
+            self._thread = threading.Thread(target=self._loop, name="sedd-engine", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while self._accepting and not (self._abort or self._waiting or self._active):
+                    self._wake.wait()
+                if self._abort or not (self._waiting or self._active):
+                    return
+            try:
+                self.tick()
+            except Exception as err:  # a bug in the bookkeeping: fail what runs, keep serving
+                log.exception("engine tick failed")
+                with self._lock:
+                    running = [st for st in self._states_locked() if st.started is not None]
+                for st in running:
+                    self._finish(st, None, err)
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Take no new jobs. With ``drain``, finish the queued and in-flight jobs first (for up
+        to ``timeout`` seconds); jobs still left then get ``JobCancelled``. Idempotent."""
+        with self._lock:
+            self._accepting = False
+            self._abort = self._abort or not drain
+            self._wake.notify_all()
+            thread = self._thread
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            with self._lock:
+                self._abort = True  # the drain ran out of time: stop at the next boundary
+                self._wake.notify_all()
+            thread.join()
+        elif thread is None and drain:
+            while self._states() and (deadline is None or time.monotonic() < deadline):
+                self.tick()
+        for st in self._states():
+            self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
+
+    def _states(self) -> list[JobState]:
+        with self._lock:
+            return self._states_locked()
+
+    # ---- state, for health checks ----------------------------------------------------------
+
+    @property
+    def queued_jobs(self) -> int:
+        with self._lock:
+            return sum(1 for st in self._waiting if st.admitted == 0)
+
+    @property
+    def active_jobs(self) -> int:
+        with self._lock:
+            return len({id(blk.state) for blk in self._active})
+
+    @property
+    def active_rows(self) -> int:
+        with self._lock:
+            return sum(blk.rows for blk in self._active)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()

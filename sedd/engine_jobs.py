@@ -1,0 +1,201 @@
+"""What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
+
+An ``EngineJob`` is one request's rows resolved to tensors; ``job_from_request`` builds one from a
+``GenerationRequest`` with the cell numbering of ``sedd.generate.generate`` (cell i on random
+stream (seed, i)), and ``validate_job`` checks one against a loaded model before it is queued.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from sedd.checkpoint import LoadedModel
+from sedd.generate import GenerationRequest, cell_plan
+
+Outcome = Literal["ok", "cancelled", "timeout", "error"]
+
+
+@dataclass(frozen=True, eq=False)
+class EngineJob:
+    """One request's rows, already resolved to tensors.
+
+    Pass CPU tensors: ``submit`` validates them on the caller's thread (without waiting on the
+    accelerator), and the engine thread moves the rows it steps to the device.
+    """
+
+    num_cells: int
+    steps: int
+    sampler: Literal["euler", "analytic"] = "euler"
+    temperature: float = 1.0
+    seed: int = 0
+    first_cell: int = 0  # cell i of the job draws from stream (seed, first_cell + i)
+    labels: torch.Tensor | None = None  # (N,) long perturbation indices, or (N, E) float vectors
+    cell_types: torch.Tensor | None = None  # (N,) long
+    x_init: torch.Tensor | None = None  # (N, G) tokens for imputation (mask elsewhere)
+    fixed: torch.Tensor | None = None  # (N, G) bool, positions never changed
+    deadline: float | None = None  # time.monotonic() deadline; past it the job fails
+
+
+@dataclass
+class JobProgress:
+    step: int  # steps done by every row of the job; the final denoise is step == steps
+    steps: int  # total, the denoise included
+    rows: int  # the job's rows in flight now
+    fraction_masked: float  # of all the job's positions (0 for uniform graphs)
+
+
+@dataclass
+class JobResult:
+    tokens: torch.Tensor  # (N, G) long, CPU
+    queue_seconds: float  # submit -> first rows admitted
+    compute_seconds: float  # first rows admitted -> done
+    forwards: int  # model forwards the job's rows took part in
+    fp32_fallbacks: int  # the job's rows recomputed in fp32 (PRECISION.md rule 5)
+
+
+class EngineFull(Exception):
+    """The bounded queue is full; try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineStopped(Exception):
+    """The engine is draining or stopped and takes no new jobs."""
+
+
+class JobTimeout(Exception):
+    """The job's deadline passed before it finished."""
+
+
+class JobCancelled(Exception):
+    """The job was cancelled (through its handle, or by a stop without drain)."""
+
+
+class InvalidTokensError(RuntimeError):
+    """A finished job still holds mask or out-of-range tokens, so it is never returned."""
+
+
+class EngineObserver(Protocol):
+    """Hooks for monitoring; called on the engine thread, and their errors are only logged."""
+
+    def on_forward(self, rows: int, seconds: float) -> None: ...
+
+    def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None: ...
+
+
+class JobHandle:
+    """What ``Engine.submit`` returns: the job's future and a way to cancel it."""
+
+    def __init__(self, job_id: int, wake: Callable[[], None]) -> None:
+        self.job_id = job_id
+        self.future: Future[JobResult] = Future()
+        self.cancel_requested = False
+        self._wake = wake
+
+    def cancel(self) -> None:
+        """Drop the job's rows at the next step boundary; the future gets ``JobCancelled``."""
+        self.cancel_requested = True
+        self._wake()
+
+
+def _bad(name: str, rule: str, value: object) -> ValueError:
+    return ValueError(f"`{name}` must be {rule}, got {value}.")
+
+
+def _span(values: torch.Tensor) -> str:
+    return f"values in [{int(values.min())}, {int(values.max())}]"
+
+
+def validate_job(job: EngineJob, loaded: LoadedModel) -> None:
+    """Raise ``ValueError`` naming the field and value unless ``loaded`` can run ``job``.
+
+    Label indices are range-checked here: an out-of-range embedding index on CUDA is a
+    device-side assert that would take the whole engine down, not just this job.
+    """
+    cfg, n, g = loaded.config, job.num_cells, loaded.config.num_genes
+    for name, ok, rule in (
+        ("num_cells", n >= 1, ">= 1"),
+        ("steps", job.steps >= 1, ">= 1"),
+        ("temperature", math.isfinite(job.temperature) and job.temperature > 0, "finite, > 0"),
+        ("seed", job.seed >= 0, ">= 0"),
+        ("first_cell", job.first_cell >= 0, ">= 0"),
+    ):
+        if not ok:
+            raise _bad(name, rule, getattr(job, name))
+    if job.sampler not in ("euler", "analytic"):
+        raise _bad("sampler", "'euler' or 'analytic'", repr(job.sampler))
+    labels, cell_types = job.labels, job.cell_types
+    if labels is None and cfg.num_perturbations > 0:
+        raise _bad("labels", "given: this model is conditioned on perturbations", None)
+    if labels is not None and cfg.num_perturbations == 0:
+        raise _bad("labels", "None: this model is unconditional", tuple(labels.shape))
+    if labels is not None and labels.is_floating_point():
+        dim = getattr(cfg.arch, "precomputed_emb_dim", None)
+        if dim is None or labels.shape != (n, dim) or not bool(torch.isfinite(labels).all()):
+            raise _bad("labels", f"finite vectors of shape ({n}, {dim})", tuple(labels.shape))
+    elif labels is not None:
+        if labels.shape != (n,):
+            raise _bad("labels", f"of shape ({n},)", tuple(labels.shape))
+        if labels.min() < 0 or labels.max() >= cfg.num_perturbations:
+            raise _bad("labels", f"indices in [0, {cfg.num_perturbations})", _span(labels))
+    if cell_types is not None:
+        if cell_types.shape != (n,) or cell_types.is_floating_point():
+            raise _bad("cell_types", f"integer indices of shape ({n},)", tuple(cell_types.shape))
+        if cell_types.min() < 0 or cell_types.max() >= cfg.num_cell_types:
+            raise _bad("cell_types", f"indices in [0, {cfg.num_cell_types})", _span(cell_types))
+    _validate_imputation(job, loaded, n, g)
+
+
+def _validate_imputation(job: EngineJob, loaded: LoadedModel, n: int, g: int) -> None:
+    x, fixed, vocab = job.x_init, job.fixed, loaded.graph.dim
+    if fixed is not None and x is None:
+        raise _bad("x_init", "given when `fixed` is", None)
+    if x is None:
+        return
+    if x.shape != (n, g) or x.is_floating_point():
+        raise _bad("x_init", f"integer tokens of shape ({n}, {g})", tuple(x.shape))
+    if x.min() < 0 or x.max() >= vocab:
+        raise _bad("x_init", f"tokens in [0, {vocab})", _span(x))
+    if fixed is None:
+        return
+    if fixed.shape != (n, g) or fixed.dtype != torch.bool:
+        raise _bad(
+            "fixed", f"a bool tensor of shape ({n}, {g})", f"{fixed.dtype} {tuple(fixed.shape)}"
+        )
+    mask = loaded.graph.mask_index
+    if mask is not None and bool((x[fixed] == mask).any()):
+        raise _bad("fixed", "over real tokens, never the mask", "a fixed masked position")
+
+
+def job_from_request(
+    loaded: LoadedModel, request: GenerationRequest, deadline: float | None = None
+) -> EngineJob:
+    """The engine job for ``request``: its cells in ``cell_plan`` order, cell i on stream
+    (seed, i), exactly as ``sedd.generate.generate`` numbers them. Unknown names raise
+    ``UnknownLabelError`` (with suggestions) from the loaded model."""
+    request.validate()
+    plan = cell_plan(loaded, request)
+    labels = None
+    if "perturbation" in plan:
+        labels = loaded.perturbation_labels(list(plan["perturbation"])).cpu()
+    cell_types = None
+    if "cell_type" in plan:
+        cell_types = loaded.cell_type_labels(list(plan["cell_type"])).cpu()
+    return EngineJob(
+        num_cells=len(plan),
+        steps=request.steps,
+        sampler=request.sampler,
+        temperature=request.temperature,
+        seed=request.seed,
+        labels=labels,
+        cell_types=cell_types,
+        deadline=deadline,
+    )

@@ -1,0 +1,148 @@
+"""In-flight rows of the batching engine, and packing them into one ``Sampler.step``.
+
+A job's rows join in blocks (``RowBlock``: rows [lo, hi) admitted at the same boundary, so on the
+same step). A forward takes a list of slices of blocks; every row brings its own t and s (its
+job's grid linspace(1, eps, steps + 1), then s = 0 for the denoise), temperature, predictor,
+conditioning and generator, so the packed step is the solo step of each row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from sedd.engine_jobs import EngineJob, JobHandle, JobProgress
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import Sampler, cell_generators
+
+_EMPTY = torch.empty(0)
+
+
+@dataclass(eq=False)
+class JobState:
+    """An accepted job; its tensors are built at admission and touched by the engine thread."""
+
+    job: EngineJob
+    handle: JobHandle
+    on_progress: Callable[[JobProgress], None] | None
+    submitted: float  # time.monotonic()
+    started: float | None = None  # first rows admitted
+    x: torch.Tensor = _EMPTY  # (N, G) tokens on the device
+    timesteps: torch.Tensor = _EMPTY  # (steps + 1,) fp64
+    admitted: int = 0  # rows [0, admitted) have joined
+    rows_done: int = 0
+    forwards: int = 0
+    fallbacks: int = 0
+    done: bool = False  # its future is resolved
+
+    def materialise(self, eps: float, limit: Callable[[int], torch.Tensor]) -> None:
+        """Time grid and initial tokens (``limit(N)``, or x_init), built when rows first join."""
+        if self.timesteps.numel():
+            return
+        job = self.job
+        # Exactly Sampler.sample's grid, so a packed row walks the solo row's times.
+        self.timesteps = torch.linspace(1.0, eps, job.steps + 1, dtype=torch.float64)
+        if job.x_init is None:
+            self.x = limit(job.num_cells)
+        else:
+            self.x = job.x_init.to(device=limit(1).device, dtype=torch.long).clone()
+
+
+@dataclass(eq=False)
+class RowBlock:
+    """Rows [lo, hi) of a job, admitted together and on the same step."""
+
+    state: JobState
+    lo: int
+    hi: int
+    generators: list[torch.Generator] = field(default_factory=list)
+    step: int = 0  # steps taken; the block is done after steps + 1 (the denoise)
+
+    @property
+    def rows(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def finished(self) -> bool:
+        return self.step > self.state.job.steps
+
+    def make_generators(self, device: torch.device) -> None:
+        job = self.state.job
+        cells = range(job.first_cell + self.lo, job.first_cell + self.hi)
+        self.generators = cell_generators(job.seed, cells, device)
+
+    def times(self) -> tuple[float, float]:
+        """(t, s) of this block's next step; s = 0 is the final denoise."""
+        grid, steps = self.state.timesteps, self.state.job.steps
+        s = 0.0 if self.step >= steps else float(grid[self.step + 1])
+        return float(grid[self.step]), s
+
+
+Slice = tuple[RowBlock, int, int]  # rows [a, b) of a block, counted from block.lo
+
+
+def halves(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
+    """Split slices of two or more jobs into two runs of whole jobs, about half the rows each."""
+    jobs: dict[int, list[Slice]] = {}
+    for sl in slices:
+        jobs.setdefault(id(sl[0].state), []).append(sl)
+    groups = list(jobs.values())
+    total = sum(b - a for _, a, b in slices)
+    first: list[Slice] = []
+    while len(groups) > 1 and (not first or 2 * sum(b - a for _, a, b in first) < total):
+        first.extend(groups.pop(0))
+    return first, [sl for group in groups for sl in group]
+
+
+def step_slices(
+    sampler: Sampler, precision: PrecisionPolicy, slices: list[Slice]
+) -> tuple[int, float]:
+    """Step the slices' rows in one packed forward; write the new tokens back into each job.
+
+    Returns (rows, seconds). Counts a forward, and its fp32 fallback rows, on each job.
+    Raises whatever the step raises, before writing anything back.
+    """
+    device = sampler.device
+    spans = [(blk, blk.lo + a, blk.lo + b) for blk, a, b in slices]  # rows of each job
+
+    def constant(value: Callable[[RowBlock], float | bool], dtype: torch.dtype) -> torch.Tensor:
+        parts = [torch.full((hi - lo,), value(blk), dtype=dtype) for blk, lo, hi in spans]
+        return torch.cat(parts).to(device)  # (B,)
+
+    def rows_of(pick: Callable[[EngineJob], torch.Tensor | None]) -> torch.Tensor | None:
+        parts = [(pick(blk.state.job), lo, hi) for blk, lo, hi in spans]
+        present = [v[lo:hi].to(device) for v, lo, hi in parts if v is not None]
+        # the engine packs only jobs with the same kind of conditioning: all or none
+        return torch.cat(present) if len(present) == len(parts) else None
+
+    x = torch.cat([blk.state.x[lo:hi] for blk, lo, hi in spans])  # (B, G)
+    t = constant(lambda blk: blk.times()[0], torch.float64)
+    s = constant(lambda blk: blk.times()[1], torch.float64)
+    temperature = constant(lambda blk: blk.state.job.temperature, torch.float32)
+    analytic = constant(lambda blk: blk.state.job.sampler == "analytic", torch.bool)
+    fixed = None
+    if any(blk.state.job.fixed is not None for blk, _, _ in spans):
+        none_fixed = torch.zeros(1, x.shape[1], dtype=torch.bool)
+        fixed = rows_of(
+            lambda job: none_fixed.expand(job.num_cells, -1) if job.fixed is None else job.fixed
+        )
+    labels = rows_of(lambda job: job.labels)
+    cell_types = rows_of(lambda job: job.cell_types)
+    gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
+    precision.last_fallback_rows = ()
+    start = time.perf_counter()
+    new = sampler.step(x, t, s, gens, labels, cell_types, temperature, fixed, analytic)
+    seconds = time.perf_counter() - start
+    owners = [blk.state for blk, lo, hi in spans for _ in range(hi - lo)]
+    for row in precision.last_fallback_rows:
+        owners[row].fallbacks += 1
+    offset = 0
+    for blk, lo, hi in spans:
+        blk.state.x[lo:hi] = new[offset : offset + hi - lo]
+        offset += hi - lo
+    for state in {id(o): o for o in owners}.values():
+        state.forwards += 1
+    return x.shape[0], seconds

@@ -1,0 +1,386 @@
+"""Continuous batching engine: packed steps reproduce solo runs; limits and faults stay isolated."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from sedd.cells import tokens_to_counts
+from sedd.checkpoint import LoadedModel
+from sedd.config import ModelConfig
+from sedd.engine import (
+    Engine,
+    EngineFull,
+    EngineJob,
+    EngineStopped,
+    JobCancelled,
+    JobProgress,
+    JobResult,
+    JobTimeout,
+    job_from_request,
+)
+from sedd.generate import GenerationRequest, generate
+from sedd.graph import graph_from_config
+from sedd.model import SEDDPerturbationTransformer
+from sedd.noise import noise_from_config
+from sedd.precision import NonFiniteScoreError, PrecisionPolicy
+from sedd.sampling import AnalyticSampler, EulerSampler
+
+GENES, BINS, PERTS = 10, 5, 4
+FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
+
+
+def tiny_loaded() -> LoadedModel:
+    """A random st3 perturbation model with weights large enough that its outputs vary."""
+    torch.manual_seed(0)
+    arch = dict(
+        num_genes=GENES, num_bins=BINS, num_perturbations=PERTS, hidden_dim=16, num_layers=1,
+        num_heads=2, num_cell_types=2,
+    )  # fmt: skip
+    model = SEDDPerturbationTransformer(**arch).eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)  # st3's 0.02 gives near-uniform logits
+    config = ModelConfig(
+        architecture="st3_perturbation",
+        arch=arch,
+        parametrisation="x0",
+        graph={"type": "absorb", "dim": BINS + 1},
+        noise={"type": "loglinear", "eps": 1e-3},
+        tokens={"num_bins": BINS, "mask_index": BINS, "vocab_size": BINS + 1},
+        genes=[f"g{i}" for i in range(GENES)],
+        perturbations=["ctrl", "A", "B", "C"],
+        control_label="ctrl",
+        cell_types=["T", "NK"],
+    )
+    return LoadedModel(
+        model=model,
+        config=config,
+        noise=noise_from_config(config.noise.model_dump()),
+        graph=graph_from_config(config.graph.model_dump()),
+        path=Path("tiny"),
+        file_hash="",
+    )
+
+
+LOADED = tiny_loaded()
+
+
+def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
+    """The job run alone through ``Sampler.sample``."""
+    cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
+    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32)
+    return sampler.sample(
+        job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
+        labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
+        x_init=job.x_init, fixed=job.fixed,
+    )  # fmt: skip
+
+
+def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
+    labels = torch.full((n,), label, dtype=torch.long)
+    return EngineJob(n, steps, labels=labels, cell_types=torch.zeros(n, dtype=torch.long), **kw)  # type: ignore[arg-type]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.forwards: list[int] = []
+        self.done: list[tuple[int, str]] = []
+
+    def on_forward(self, rows: int, seconds: float) -> None:
+        assert seconds >= 0
+        self.forwards.append(rows)
+
+    def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
+        self.done.append((job.num_cells, outcome))
+
+
+def run_until_idle(engine: Engine, limit: int = 200) -> int:
+    ticks = 0
+    while engine.tick():
+        ticks += 1
+        assert ticks < limit
+    return ticks
+
+
+def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
+    rec = Recorder()
+    engine = Engine(LOADED, FP32, max_rows_per_forward=64, observer=rec)
+    jobs = [
+        job(3, steps=6, label=0, seed=1),
+        job(4, steps=3, label=2, seed=2, sampler="analytic", temperature=0.6),
+        dataclasses.replace(
+            job(2, steps=8, label=3, seed=3, temperature=1.7, first_cell=5),
+            cell_types=torch.tensor([1, 0]),
+        ),
+    ]
+    late = job(3, steps=5, label=1, seed=4, sampler="analytic")
+    handles = [engine.submit(j) for j in jobs]
+    engine.tick()
+    engine.tick()
+    handles.append(engine.submit(late))
+    run_until_idle(engine)
+    for j, h in zip([*jobs, late], handles, strict=True):
+        result = h.future.result(timeout=0)
+        assert torch.equal(result.tokens, solo(j)), j
+        assert result.forwards == j.steps + 1 and result.fp32_fallbacks == 0
+        assert int(result.tokens.max()) < BINS
+    solo_forwards = sum(j.steps + 1 for j in [*jobs, late])
+    assert len(rec.forwards) == 9 < solo_forwards  # 8 steps + denoise of the longest job
+    assert rec.forwards[:3] == [9, 9, 12]  # the late job joined at the third boundary
+    assert [outcome for _, outcome in rec.done] == ["ok"] * 4
+
+
+def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
+    rec = Recorder()
+    engine = Engine(LOADED, FP32, max_rows_per_forward=5, observer=rec)
+    big, small = job(12, steps=3, label=1, seed=7), job(2, steps=2, label=2, seed=8)
+    hb, hs = engine.submit(big), engine.submit(small)
+    run_until_idle(engine)
+    assert max(rec.forwards) <= 5 and sum(rec.forwards) == 12 * 4 + 2 * 3
+    assert torch.equal(hb.future.result(timeout=0).tokens, solo(big))
+    assert torch.equal(hs.future.result(timeout=0).tokens, solo(small))
+
+
+def test_the_head_of_the_queue_is_never_overtaken():
+    seen: dict[str, list[JobProgress]] = {"head": [], "small": []}
+    engine = Engine(LOADED, FP32, max_rows_per_forward=5)
+    engine.submit(job(3, steps=2))
+    engine.submit(job(4, steps=2), on_progress=seen["head"].append)
+    engine.submit(job(1, steps=2), on_progress=seen["small"].append)
+    engine.tick()  # 3 + 2 of the head's 4 rows; the small job would fit but must wait
+    assert engine.active_rows == 5 and seen["small"] == []
+    first = seen["head"][0]
+    assert (first.step, first.steps, first.rows) == (0, 3, 2)  # its other rows are still queued
+    run_until_idle(engine)
+    assert seen["head"][-1].step == 3 and seen["small"][-1].step == 3
+    assert seen["small"][-1].fraction_masked == 0.0
+
+
+def test_cancel_drops_the_rows_at_the_next_step():
+    rec = Recorder()
+    engine = Engine(LOADED, FP32, observer=rec)
+    keep, gone = job(2, steps=5, seed=1), job(3, steps=5, seed=2)
+    hk, hg = engine.submit(keep), engine.submit(gone)
+    engine.tick()
+    hg.cancel()
+    engine.tick()
+    assert rec.forwards[:2] == [5, 2]
+    with pytest.raises(JobCancelled):
+        hg.future.result(timeout=0)
+    run_until_idle(engine)
+    assert torch.equal(hk.future.result(timeout=0).tokens, solo(keep))
+    assert (3, "cancelled") in rec.done and (2, "ok") in rec.done
+
+
+def test_deadline_fails_the_job_with_job_timeout():
+    rec = Recorder()
+    engine = Engine(LOADED, FP32, observer=rec)
+    late = engine.submit(job(2, steps=50, deadline=time.monotonic() + 0.05))
+    ok = engine.submit(job(1, steps=3))
+    engine.tick()
+    time.sleep(0.06)
+    run_until_idle(engine)
+    with pytest.raises(JobTimeout):
+        late.future.result(timeout=0)
+    assert ok.future.result(timeout=0).tokens.shape == (1, GENES)
+    assert (2, "timeout") in rec.done
+
+
+def test_full_queue_raises_engine_full_with_retry_after():
+    engine = Engine(LOADED, FP32, max_rows_per_forward=2, max_queued_jobs=2)
+    engine.submit(job(2))
+    engine.submit(job(2))
+    with pytest.raises(EngineFull) as err:
+        engine.submit(job(1))
+    assert err.value.retry_after > 0
+    engine.tick()  # the first job starts, so one queue place frees up
+    assert engine.queued_jobs == 1 and engine.active_jobs == 1
+    engine.submit(job(1))
+    with pytest.raises(EngineFull) as err:
+        engine.submit(job(1))
+    assert 0 < err.value.retry_after < 5
+
+
+def test_stop_with_drain_finishes_in_flight_jobs_then_rejects():
+    engine = Engine(LOADED, FP32)
+    a, b = job(2, steps=4, seed=1), job(1, steps=6, seed=2)
+    ha, hb = engine.submit(a), engine.submit(b)
+    engine.tick()
+    engine.stop(drain=True)
+    assert torch.equal(ha.future.result(timeout=0).tokens, solo(a))
+    assert torch.equal(hb.future.result(timeout=0).tokens, solo(b))
+    with pytest.raises(EngineStopped):
+        engine.submit(job(1))
+
+
+def test_stop_without_drain_cancels_everything():
+    engine = Engine(LOADED, FP32)
+    handles = [engine.submit(job(2)) for _ in range(2)]
+    engine.tick()
+    engine.stop(drain=False)
+    for h in handles:
+        with pytest.raises(JobCancelled):
+            h.future.result(timeout=0)
+
+
+class NanForLabel(nn.Module):
+    """Wraps a model; rows with label ``bad`` get NaN (only under autocast if ``amp_only``)."""
+
+    def __init__(self, inner: nn.Module, bad: int, amp_only: bool = False) -> None:
+        super().__init__()
+        self.inner, self.bad, self.amp_only = inner, bad, amp_only
+        self.parametrisation, self.vocab_size, self.mask_index = "x0", BINS + 1, BINS
+
+    def forward(self, x, sigma, labels=None, cell_types=None):
+        out = self.inner(x, sigma, labels=labels, cell_types=cell_types)
+        if self.amp_only and not torch.is_autocast_enabled("cpu"):
+            return out
+        return out.masked_fill((labels == self.bad)[:, None, None], float("nan"))
+
+
+def test_nan_that_fp32_cannot_fix_fails_only_that_job():
+    rec = Recorder()
+    loaded = dataclasses.replace(LOADED, model=NanForLabel(LOADED.model, bad=2))
+    engine = Engine(loaded, FP32, observer=rec)
+    good = job(3, steps=4, label=1, seed=1)
+    mixed = dataclasses.replace(job(2, steps=4, seed=2), labels=torch.tensor([0, 2]))
+    hg, hb, hm = engine.submit(good), engine.submit(job(2, label=2)), engine.submit(mixed)
+    run_until_idle(engine)
+    assert torch.equal(hg.future.result(timeout=0).tokens, solo(good))
+    for h in (hb, hm):
+        with pytest.raises(NonFiniteScoreError):
+            h.future.result(timeout=0)
+    assert sorted(o for _, o in rec.done) == ["error", "error", "ok"]
+    assert engine.submit(job(1)).job_id == 3 and run_until_idle(engine) == 5  # still serving
+
+
+def test_fp32_fallbacks_are_counted_on_the_job_whose_rows_needed_them():
+    model = NanForLabel(LOADED.model, bad=2, amp_only=True)
+    bf16 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=torch.bfloat16)
+    engine = Engine(dataclasses.replace(LOADED, model=model), bf16)
+    fixable, clean = engine.submit(job(2, steps=3, label=2)), engine.submit(job(3, steps=3))
+    run_until_idle(engine)
+    fallbacks = fixable.future.result(timeout=0).fp32_fallbacks
+    assert 2 <= fallbacks <= 2 * 4  # 2 rows while they hold masks, at most 4 forwards
+    assert clean.future.result(timeout=0).fp32_fallbacks == 0
+    assert bf16.fp32_fallbacks == fallbacks
+
+
+class OomAbove(nn.Module):
+    """Raises CUDA-style out-of-memory when a forward has more than ``rows`` rows."""
+
+    def __init__(self, inner: nn.Module, rows: int) -> None:
+        super().__init__()
+        self.inner, self.rows, self.ran = inner, rows, []
+        self.parametrisation, self.vocab_size, self.mask_index = "x0", BINS + 1, BINS
+
+    def forward(self, x, sigma, labels=None, cell_types=None):
+        if x.shape[0] > self.rows:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.ran.append(x.shape[0])
+        return self.inner(x, sigma, labels=labels, cell_types=cell_types)
+
+
+def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
+    model = OomAbove(LOADED.model, rows=4)
+    engine = Engine(dataclasses.replace(LOADED, model=model), FP32)
+    jobs = [job(3, seed=1), job(3, seed=2, label=2), job(2, seed=3, sampler="analytic")]
+    handles = [engine.submit(j) for j in jobs]
+    too_big = engine.submit(job(5, seed=4))
+    run_until_idle(engine)
+    for j, h in zip(jobs, handles, strict=True):
+        assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
+    with pytest.raises(torch.OutOfMemoryError):
+        too_big.future.result(timeout=0)
+    assert max(model.ran) <= 4 and 3 in model.ran and 2 in model.ran  # one forward per job
+
+
+def test_a_failure_after_the_draws_restores_every_rows_random_stream(monkeypatch):
+    engine = Engine(LOADED, FP32)
+    draw = engine.sampler._uniforms
+
+    def flaky(generators, per_row, device):
+        uniforms = draw(generators, per_row, device)  # the streams advance, then it fails
+        if len(generators) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        return uniforms
+
+    monkeypatch.setattr(engine.sampler, "_uniforms", flaky)
+    jobs = [job(2, seed=1), job(2, seed=2, label=3), job(1, seed=3)]
+    handles = [engine.submit(j) for j in jobs]
+    run_until_idle(engine)
+    for j, h in zip(jobs, handles, strict=True):
+        assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
+
+
+def test_background_thread_resolves_futures_and_stops():
+    progress: list[JobProgress] = []
+    engine = Engine(LOADED, FP32, max_rows_per_forward=4)
+    engine.start()
+    assert engine.running
+    jobs = [job(3, steps=5, seed=i, label=i % PERTS) for i in range(4)]
+    handles = [engine.submit(j, on_progress=progress.append) for j in jobs]
+    for j, h in zip(jobs, handles, strict=True):
+        assert torch.equal(h.future.result(timeout=20).tokens, solo(j))
+    with pytest.raises(RuntimeError, match="only it may call tick"):
+        engine.tick()
+    assert engine.last_tick_monotonic is not None
+    engine.stop(drain=True, timeout=10)
+    assert not engine.running and engine.active_rows == 0
+    assert max(p.step for p in progress) == 6
+    with pytest.raises(EngineStopped):
+        engine.submit(job(1))
+
+
+def test_imputation_keeps_given_tokens_and_matches_a_solo_run():
+    engine = Engine(LOADED, FP32)
+    x_init = torch.full((2, GENES), BINS)
+    x_init[:, :4] = torch.tensor([[0, 1, 2, 3], [4, 4, 0, 1]])
+    fixed = x_init != BINS
+    imp = dataclasses.replace(job(2, steps=4, seed=5), x_init=x_init, fixed=fixed)
+    hi, hp = engine.submit(imp), engine.submit(job(3, steps=6))
+    run_until_idle(engine)
+    tokens = hi.future.result(timeout=0).tokens
+    assert torch.equal(tokens[:, :4], x_init[:, :4]) and torch.equal(tokens, solo(imp))
+    assert hp.future.result(timeout=0).tokens.shape == (3, GENES)
+
+
+def test_job_from_request_matches_generate():
+    request = GenerationRequest(
+        cells_per_condition=2, conditions=("A", "C"), cell_type="NK", steps=4, seed=9,
+        sampler="analytic", temperature=0.8, batch_size=3,
+    )  # fmt: skip
+    engine = Engine(LOADED, FP32, max_rows_per_forward=3)
+    handle = engine.submit(job_from_request(LOADED, request))
+    run_until_idle(engine)
+    counts = tokens_to_counts(handle.future.result(timeout=0).tokens, BINS)
+    expected = generate(LOADED, request, FP32).counts
+    assert (counts == expected).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_cells": 0}, "`num_cells` must be >= 1, got 0"),
+        ({"steps": 0}, "`steps` must be >= 1, got 0"),
+        ({"temperature": float("nan")}, "`temperature` must be finite, > 0, got nan"),
+        ({"sampler": "ddpm"}, "`sampler` must be 'euler' or 'analytic', got 'ddpm'"),
+        ({"labels": None}, "`labels` must be given"),
+        ({"labels": torch.tensor([0, 4])}, r"`labels` must be indices in \[0, 4\)"),
+        ({"cell_types": torch.tensor([0, 2])}, r"`cell_types` must be indices in \[0, 2\)"),
+        ({"fixed": torch.ones(2, GENES, dtype=torch.bool)}, "`x_init` must be given"),
+        ({"x_init": torch.zeros(2, 3, dtype=torch.long)}, r"`x_init` must be .*\(2, 10\)"),
+    ],
+)
+def test_bad_jobs_are_refused_naming_the_field_and_value(change, message):
+    engine = Engine(LOADED, FP32)
+    with pytest.raises(ValueError, match=message):
+        engine.submit(dataclasses.replace(job(2), **change))
+    assert engine.queued_jobs == 0
