@@ -17,6 +17,7 @@ import pandas as pd
 
 from sedd.cells import tokens_to_counts
 from sedd.checkpoint import LoadedModel
+from sedd.conditions import known_perturbations
 from sedd.monitoring import PeakMemory
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import AnalyticSampler, EulerSampler, Sampler, StepStats
@@ -68,13 +69,12 @@ def make_sampler(loaded: LoadedModel, name: SamplerName, precision: PrecisionPol
 
 def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     """One row per cell to generate: condition name, index and cell type, in cell order."""
-    cfg = loaded.config
-    conditional = cfg.perturbations is not None
+    known = known_perturbations(loaded)
+    conditional = loaded.config.num_perturbations > 0
     if conditional and not request.conditions:
-        known = ", ".join(cfg.perturbations[:10])  # type: ignore[index]
         raise ValueError(
-            f"this model is conditioned on perturbations: pass `conditions` (known: {known}"
-            f"{', ...' if len(cfg.perturbations) > 10 else ''})."  # type: ignore[arg-type]
+            f"this model is conditioned on perturbations: pass `conditions` (known: "
+            f"{', '.join(known[:10]) or 'none named'}{', ...' if len(known) > 10 else ''})."
         )
     if not conditional and request.conditions:
         raise ValueError(
@@ -98,9 +98,8 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     if not conditional:
         plan = plan.drop(columns="perturbation")
     else:
-        names = list(cfg.perturbations or [])
         plan["perturbation_idx"] = [
-            names.index(p) if p in names else -1 for p in plan["perturbation"]
+            known.index(p) if p in known else -1 for p in plan["perturbation"]
         ]
     if request.cell_type is None:
         plan = plan.drop(columns="cell_type")
@@ -115,8 +114,13 @@ def generate(
     *,
     cell_range: range | None = None,
     on_step: Callable[[StepStats], None] | None = None,
+    on_batch: Callable[[range, np.ndarray], None] | None = None,
 ) -> GenerationResult:
-    """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding)."""
+    """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding).
+
+    ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
+    e.g. to save it before the next one starts.
+    """
     request.validate()
     plan = cell_plan(loaded, request)
     cells = cell_range if cell_range is not None else range(len(plan))
@@ -158,7 +162,10 @@ def generate(
                 temperature=request.temperature,
                 on_step=count,
             )
-            batches.append(tokens_to_counts(tokens, loaded.config.tokens.mask_index))
+            batch_counts = tokens_to_counts(tokens, loaded.config.tokens.mask_index)
+            if on_batch is not None:
+                on_batch(range(lo, hi), batch_counts)
+            batches.append(batch_counts)
     seconds = time.perf_counter() - start
     counts = np.concatenate(batches) if batches else np.zeros((0, num_genes), dtype=np.int64)
     n_cells = counts.shape[0]

@@ -28,7 +28,9 @@ __all__ = [
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pbmc_default"
 
 
-def _add_source_options(parser: argparse.ArgumentParser) -> None:
+def _add_source_options(
+    parser: argparse.ArgumentParser, mapping_flag: str = "--perturbations"
+) -> None:
     parser.add_argument(
         "--checkpoint",
         metavar="NAME",
@@ -46,7 +48,8 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
         help="gene names in model order: text (one a line) or an h5ad whose var_names are used",
     )
     parser.add_argument(
-        "--perturbations",
+        mapping_flag,
+        dest="perturbation_map",
         metavar="FILE",
         help="perturbation names: JSON {name: index}, text (line i = index i) or st3's .pt",
     )
@@ -55,8 +58,14 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--model PATH`` (any supported source) and the options that refine how it loads."""
+def add_model_arguments(
+    parser: argparse.ArgumentParser, mapping_flag: str = "--perturbations"
+) -> None:
+    """``--model PATH`` (any supported source) and the options that refine how it loads.
+
+    ``mapping_flag`` renames the perturbation-mapping file option, for commands (``predict``)
+    whose ``--perturbations`` takes names.
+    """
     parser.add_argument(
         "--model",
         "--checkpoint-dir",
@@ -66,7 +75,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="native model dir, st3 experiment dir, reference SEDD model dir or training run "
         f"(default: {DEFAULT_MODEL})",
     )
-    _add_source_options(parser)
+    _add_source_options(parser, mapping_flag)
 
 
 def _load(args: argparse.Namespace, source: str | Path) -> LoadedModel:
@@ -78,7 +87,7 @@ def _load(args: argparse.Namespace, source: str | Path) -> LoadedModel:
             checkpoint=args.checkpoint,
             use_ema=not args.raw_weights,
             genes=args.genes,
-            perturbations=args.perturbations,
+            perturbations=args.perturbation_map,
             vectors=args.vectors,
             device=getattr(args, "device", None) or "cpu",
         )

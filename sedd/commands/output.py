@@ -1,0 +1,222 @@
+"""What ``sedd generate``, ``sedd predict`` and the st3 scripts share after building a request:
+output options, the progress bar, the run itself (one file, or one shard of an output
+directory), the final summary line and the JSON metrics file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm import tqdm
+
+from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.checkpoint import LoadedModel
+from sedd.generate import GenerationRequest, cell_plan, generate
+from sedd.precision import PrecisionPolicy, resolve_precision
+from sedd.sampling import StepStats
+from sedd.shard_manifest import write_json_atomic
+from sedd.shard_run import prepare_shard
+from sedd.shards import Shard, ShardError, resolve_shard
+
+CountsDtype = Literal["int", "float32"]
+
+
+def add_shard_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--num-shards",
+        "--num_shards",
+        dest="num_shards",
+        type=int,
+        help="split the request's cells into N contiguous shards (default: "
+        "$SLURM_ARRAY_TASK_COUNT, else 1); needs --out-dir when N > 1",
+    )
+    p.add_argument(
+        "--shard-index",
+        "--shard_index",
+        dest="shard_index",
+        type=int,
+        help="which shard to run, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN)",
+    )
+
+
+def add_output_arguments(p: argparse.ArgumentParser, default_out: Path) -> None:
+    """``--out FILE`` or ``--out-dir DIR`` (resumable shards), the shard options, counts dtype."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", type=Path, default=None, help=f"write one .h5ad file (default {default_out})"
+    )
+    where.add_argument(
+        "--out-dir",
+        type=Path,
+        help="sharded, resumable output: DIR/request.json + DIR/shards/; `sedd merge DIR` joins",
+    )
+    add_shard_arguments(p)
+    add_counts_dtype_argument(p)
+    p.set_defaults(default_out=default_out)
+
+
+def add_counts_dtype_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--counts-dtype",
+        choices=["int", "float32"],
+        default="int",
+        help="float32 stores the integer counts as floats (for Arc's cell-eval); with --out-dir, "
+        "pass it to `sedd merge`",
+    )
+
+
+def run_request(
+    loaded: LoadedModel, request: GenerationRequest, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Run ``request`` as the output options in ``args`` say; returns the summary."""
+    shard = resolve_shard(args.num_shards, args.shard_index)
+    if args.out_dir is None:
+        if shard.count > 1:
+            raise ShardError(
+                f"{shard.count} shards (--num-shards or $SLURM_ARRAY_TASK_COUNT) need --out-dir "
+                "DIR: each shard writes DIR/shards/..., and `sedd merge DIR` joins them."
+            )
+        out = args.out or args.default_out
+        return write_one_file(loaded, request, args.precision, out, args.counts_dtype)
+    if args.counts_dtype != "int":
+        raise ValueError("--counts-dtype float32 applies to `sedd merge` in --out-dir mode.")
+    return run_shard(loaded, request, args.precision, args.out_dir, shard)
+
+
+def request_from_args(
+    args: argparse.Namespace, *, cells_per_condition: int, conditions: list[str] | None
+) -> GenerationRequest:
+    """The request that ``add_sampling_arguments`` options describe."""
+    return GenerationRequest(
+        cells_per_condition=cells_per_condition,
+        conditions=tuple(conditions) if conditions else None,
+        cell_type=args.cell_type,
+        steps=args.steps,
+        sampler=args.sampler,
+        temperature=args.temperature,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+
+
+@contextmanager
+def progress(num_cells: int, steps: int, desc: str) -> Iterator[Callable[[StepStats], None]]:
+    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the step hook."""
+    scale = 1.0 / (steps + 1)  # one batch row moves (steps + 1) times: steps + final denoise
+    layout = (
+        "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} cells "
+        "[{elapsed}<{remaining}, {rate_fmt}]"
+    )
+    with tqdm(
+        total=num_cells * (steps + 1), unit="cell", unit_scale=scale, desc=desc, bar_format=layout
+    ) as bar:
+        yield lambda stats: bar.update(stats.rows)
+
+
+def write_one_file(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision_name: str,
+    out: Path,
+    counts_dtype: CountsDtype = "int",
+) -> dict[str, Any]:
+    """Generate with a progress bar, write the h5ad and ``<out>.metrics.json``, print a summary."""
+    request.validate()
+    precision = resolve_precision_noting(precision_name, loaded.device)
+    num_cells = len(cell_plan(loaded, request))
+    with progress(num_cells, request.steps, "sampling") as on_step:
+        result = generate(loaded, request, precision, on_step=on_step)
+    uns = provenance_uns(
+        sampler=request.sampler,
+        steps=request.steps,
+        seed=request.seed,
+        temperature=request.temperature,
+        precision_record=precision.record(),
+        checkpoint_hash=loaded.file_hash,
+        timings=result.stats,
+        extra={"model": str(loaded.path), "request": request_dict(request)},
+    )
+    write_cells_h5ad(out, result.counts, result.genes, result.obs, uns, count_dtype=counts_dtype)
+    return finish(out, result.stats, precision, num_genes=len(result.genes))
+
+
+def run_shard(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision_name: str,
+    out_dir: Path,
+    shard: Shard,
+) -> dict[str, Any]:
+    """Run (or resume, or skip) one shard into ``out_dir``; print its summary."""
+    precision = resolve_precision_noting(precision_name, loaded.device)
+    job = prepare_shard(loaded, request, precision, out_dir, shard)
+    label = f"shard {shard.index}/{shard.count}"
+    if job.done_entry is not None:
+        print(f"{label}: already complete ({job.paths.h5ad}, sha256 ok); nothing to do")
+        return job.done_entry
+    if job.resumed_cells:
+        print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
+    with progress(job.cells_to_generate, request.steps, label) as on_step:
+        entry = job.run(on_step=on_step)
+    finish(
+        job.paths.h5ad,
+        entry["timings"],
+        precision,
+        num_genes=loaded.config.num_genes,
+        metrics_path=job.paths.entry,
+    )
+    return entry
+
+
+def resolve_precision_noting(name: str, device: torch.device) -> PrecisionPolicy:
+    """``resolve_precision``, its advice (e.g. emulated bf16 on this CPU) printed plainly."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        precision = resolve_precision(name, device)
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    return precision
+
+
+def request_dict(request: GenerationRequest) -> dict[str, Any]:
+    return {**request.__dict__, "conditions": list(request.conditions or [])}
+
+
+def finish(
+    out: Path,
+    stats: Mapping[str, Any],
+    precision: PrecisionPolicy,
+    *,
+    num_genes: int,
+    metrics_path: Path | None = None,
+) -> dict[str, Any]:
+    """Write the metrics JSON (unless ``metrics_path`` is already written) and print the summary.
+
+    ``<out>.metrics.json`` is the default place; a shard's entry file doubles as its metrics.
+    """
+    summary = {"output": str(out), **stats, "precision": precision.record()}
+    if metrics_path is None:
+        metrics_path = out.with_suffix(".metrics.json")
+        write_json_atomic(metrics_path, summary)
+    print(summary_line(out, stats, precision, num_genes) + f"; metrics: {metrics_path}")
+    return summary
+
+
+def summary_line(
+    out: Path, stats: Mapping[str, Any], precision: PrecisionPolicy, num_genes: int
+) -> str:
+    return (
+        f"wrote {out}: {stats['cells']} cells x {num_genes} genes in "
+        f"{stats['seconds']:.1f} s ({stats['cells_per_s']:.2f} cells/s, "
+        f"{stats['tokens_per_s']:.0f} tokens/s, {stats['forwards']} forwards, peak memory "
+        f"{stats['peak_memory_mib']:.0f} MiB [{stats['peak_memory_kind']}], precision "
+        f"{precision.name} on {precision.device}, TF32 {'on' if precision.tf32 else 'off'}, "
+        f"fp32 fallbacks {stats['fp32_fallbacks']})"
+    )

@@ -1,0 +1,60 @@
+"""``sedd predict``: cells for named perturbations (control cells included) into an .h5ad file.
+
+One file with ``--out``, or, with ``--out-dir``, one resumable shard of the request (shard count
+and index default to the SLURM job array); ``sedd merge DIR --out FILE`` joins the shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sedd.commands.checkpoints import add_model_arguments, load_from_args
+from sedd.commands.generate import add_sampling_arguments
+from sedd.commands.output import add_output_arguments, request_from_args, run_request
+from sedd.conditions import perturbation_conditions, read_perturbation_file
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "predict",
+        help="predict cells under named perturbations (control included)",
+        description="Generate --cells-per-perturbation cells for each perturbation (by name or "
+        "from a file, one name a line; default: every label the model knows), plus the same "
+        "number of control cells (the model's control label) unless --no-control.",
+    )
+    add_model_arguments(p, mapping_flag="--perturbation-map")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--perturbations", nargs="+", metavar="NAME", help="perturbation names")
+    which.add_argument(
+        "--perturbations-file", type=Path, metavar="FILE", help="perturbation names, one a line"
+    )
+    p.add_argument(
+        "--cells-per-perturbation",
+        type=int,
+        default=100,
+        metavar="N",
+        help="cells per perturbation, control included (default 100)",
+    )
+    p.add_argument("--no-control", action="store_true", help="generate no control cells")
+    p.add_argument(
+        "--control-label", metavar="NAME", help="the control (default: the model's control label)"
+    )
+    add_sampling_arguments(p)
+    add_output_arguments(p, default_out=Path("out/predicted.h5ad"))
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = args.perturbations
+    if args.perturbations_file is not None:
+        names = read_perturbation_file(args.perturbations_file)
+    loaded = load_from_args(args)
+    conditions = perturbation_conditions(
+        loaded, names, include_control=not args.no_control, control=args.control_label
+    )
+    request = request_from_args(
+        args, cells_per_condition=args.cells_per_perturbation, conditions=conditions
+    )
+    run_request(loaded, request, args)
+    return 0

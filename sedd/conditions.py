@@ -1,0 +1,72 @@
+"""Which perturbations a prediction covers: names from flags or a file, plus the control.
+
+Shared by ``sedd predict`` and the st3-compatible scripts so both resolve names the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sedd.checkpoint import LoadedModel
+
+
+def known_perturbations(loaded: LoadedModel) -> list[str]:
+    """The perturbation names a model takes: its label list, or its vector file's names."""
+    if loaded.config.perturbations is not None:
+        return list(loaded.config.perturbations)
+    return list(loaded.perturbation_vectors or {})
+
+
+def read_perturbation_file(path: str | Path) -> list[str]:
+    """Names one a line (st3's ``--perturbations_file``); blank lines and ``#`` comments skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"perturbations file not found: {path}")
+    names = []
+    for line in path.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    if not names:
+        raise ValueError(f"perturbations file {path} lists no names (one name a line).")
+    return names
+
+
+def perturbation_conditions(
+    loaded: LoadedModel,
+    names: Sequence[str] | None,
+    *,
+    include_control: bool = True,
+    control: str | None = None,
+) -> list[str]:
+    """The conditions to generate, control first.
+
+    ``names`` None means every label the model knows. ``control`` overrides the model's
+    ``control_label``; with ``include_control`` it is added when missing, without it removed.
+    Duplicates are dropped (first one kept). Unknown names raise ``UnknownLabelError``.
+    """
+    known = known_perturbations(loaded)
+    if not loaded.config.num_perturbations:
+        raise ValueError(f"{loaded.path} is an unconditional model; use `sedd generate`.")
+    if not known:
+        raise ValueError(
+            f"{loaded.path} has no perturbation names; pass the label mapping "
+            "(--perturbation-map FILE; st3 scripts: --perturbations_all_file)."
+        )
+    control = control if control is not None else loaded.config.control_label
+    if control is not None:
+        loaded.perturbation_labels([control])  # raises with suggestions if unknown
+    chosen = list(dict.fromkeys(names if names is not None else known))
+    for name in chosen:
+        loaded.perturbation_labels([name])  # raises with suggestions if unknown
+    if control is not None:
+        chosen = [name for name in chosen if name != control]
+        if include_control:
+            chosen.insert(0, control)
+    if not chosen:
+        raise ValueError(
+            f"nothing to generate: the only perturbation given is the control {control!r} and "
+            "--no-control removes it."
+        )
+    return chosen

@@ -1,0 +1,166 @@
+"""Merge the shards of an output directory into one h5ad, after checking nothing is missing.
+
+Checks, in order, each failing with a message that says which shards and what to do:
+``request.json`` present; an entry and an h5ad for every shard 0..n-1; every entry written for
+this request; every h5ad matching its entry's sha256; every shard holding exactly its cell range
+(so no cell is missing or duplicated) and the total equal to the request's cell count; the same
+genes everywhere. Only then is the output written (atomically). Merging twice gives the same cells.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import anndata
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+from sedd.anndata_io import write_cells_h5ad
+from sedd.checkpoint_io import sha256_file
+from sedd.shard_manifest import (
+    REQUEST_FILE,
+    SHARD_DIR,
+    ShardOutputError,
+    ShardPaths,
+    read_json,
+    write_json_atomic,
+)
+from sedd.shards import Shard, shard_range
+
+
+class MergeError(ShardOutputError):
+    """The shards cannot be merged (missing, foreign, corrupt or overlapping)."""
+
+
+def _indices(shards: list[int]) -> str:
+    more = f" and {len(shards) - 20} more" if len(shards) > 20 else ""
+    return ", ".join(map(str, shards[:20])) + more
+
+
+def _checked_entries(out_dir: Path, request: dict[str, Any]) -> list[dict[str, Any]]:
+    identity = request["identity"]
+    n, num_cells = int(identity["num_shards"]), int(identity["cells"])
+    entries: list[dict[str, Any]] = []
+    missing: list[int] = []
+    for k in range(n):
+        paths = ShardPaths(out_dir, Shard(k, n))
+        if not (paths.entry.exists() and paths.h5ad.exists()):
+            missing.append(k)
+            continue
+        entries.append(read_json(paths.entry, "shard entry"))
+    if missing:
+        raise MergeError(
+            f"{len(missing)} of {n} shards are not finished in {out_dir / SHARD_DIR}: shard(s) "
+            f"{_indices(missing)} (no {ShardPaths(out_dir, Shard(missing[0], n)).entry.name} "
+            "or no h5ad). Rerun those shards (e.g. sbatch --array="
+            f"{','.join(map(str, missing[:20]))}, or --shard-index K) with the same request, "
+            "then merge again."
+        )
+    wanted = request["identity_sha256"]
+    foreign = [e["shard_index"] for e in entries if e.get("identity_sha256") != wanted]
+    if foreign:
+        raise MergeError(
+            f"shard(s) {_indices(foreign)} in {out_dir} were written for a different request "
+            f"than {out_dir / REQUEST_FILE}; delete them and rerun those shards."
+        )
+    corrupt = [
+        k
+        for k, e in enumerate(entries)
+        if sha256_file(ShardPaths(out_dir, Shard(k, n)).h5ad) != e.get("h5ad_sha256")
+    ]
+    if corrupt:
+        raise MergeError(
+            f"shard(s) {_indices(corrupt)}: the h5ad does not match the sha256 in its entry "
+            "(changed or damaged after it was written). Delete those shards' .json files and "
+            "rerun them; a rerun regenerates them."
+        )
+    for k, e in enumerate(entries):
+        expected = shard_range(num_cells, n, k)
+        got = e.get("cell_range")
+        if e.get("shard_index") != k or got != [expected.start, expected.stop]:
+            raise MergeError(
+                f"shard {k}'s entry covers cells {got} (index {e.get('shard_index')}), expected "
+                f"[{expected.start}, {expected.stop}]: cells would be missing or duplicated. "
+                f"Delete {ShardPaths(out_dir, Shard(k, n)).entry} and rerun shard {k}."
+            )
+    return entries
+
+
+def merge_shards(
+    out_dir: str | Path, out: str | Path, *, count_dtype: Literal["int", "float32"] = "int"
+) -> dict[str, Any]:
+    """Check and merge ``out_dir``'s shards into ``out``; returns the merge summary (also
+    written to ``<out>.metrics.json``)."""
+    out_dir, out = Path(out_dir), Path(out)
+    request_path = out_dir / REQUEST_FILE
+    if not request_path.exists():
+        raise MergeError(
+            f"{request_path} not found: {out_dir} is not a sharded output directory (written by "
+            "`sedd generate/predict --out-dir DIR`), or no shard has started yet."
+        )
+    request = read_json(request_path, "request file")
+    entries = _checked_entries(out_dir, request)
+    identity = request["identity"]
+    n, num_cells = int(identity["num_shards"]), int(identity["cells"])
+
+    blocks, frames, genes, first_uns = [], [], None, None
+    for k, entry in enumerate(entries):
+        adata = anndata.read_h5ad(ShardPaths(out_dir, Shard(k, n)).h5ad)
+        if adata.n_obs != entry["cells"]:
+            raise MergeError(
+                f"shard {k}'s h5ad holds {adata.n_obs} cells, its entry says {entry['cells']}."
+            )
+        names = [str(g) for g in adata.var_names]
+        if genes is None:
+            genes, first_uns = names, dict(adata.uns.get("sedd", {}))
+        elif names != genes:
+            raise MergeError(f"shard {k} has other genes than shard 0; rerun shard {k}.")
+        blocks.append(sp.csr_matrix(adata.X))
+        if adata.n_obs:  # empty shards (more shards than cells) add no rows
+            frames.append(adata.obs)
+    obs = pd.concat(frames)
+    duplicated = obs.index[obs.index.duplicated()].unique().tolist()
+    if duplicated:
+        raise MergeError(f"cells appear in more than one shard: {duplicated[:5]}.")
+    if len(obs) != num_cells:
+        raise MergeError(f"the shards hold {len(obs)} cells, the request has {num_cells}.")
+    counts = sp.vstack(blocks, format="csr") if blocks else np.zeros((0, len(genes or [])))
+
+    summary = _summary(out, entries, request)
+    uns_record = {key: value for key, value in (first_uns or {}).items() if key != "shard"}
+    uns_record["timings"] = summary["timings"]
+    uns_record["merged_from"] = {
+        "out_dir": str(out_dir),
+        "num_shards": n,
+        "identity_sha256": request["identity_sha256"],
+        "shard_sha256": [e["h5ad_sha256"] for e in entries],
+    }
+    write_cells_h5ad(out, counts, genes or [], obs, {"sedd": uns_record}, count_dtype=count_dtype)
+    write_json_atomic(out.with_suffix(".metrics.json"), summary)
+    return summary
+
+
+def _summary(out: Path, entries: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
+    timings = [e.get("timings", {}) for e in entries]
+
+    def total(key: str) -> float:
+        return float(sum(t.get(key) or 0 for t in timings))
+
+    seconds = total("seconds")
+    cells = sum(int(e["cells"]) for e in entries)
+    return {
+        "output": str(out),
+        "cells": cells,
+        "shards": len(entries),
+        "timings": {
+            "shard_seconds_total": seconds,
+            "forwards": int(total("forwards")),
+            "fp32_fallbacks": int(total("fp32_fallbacks")),
+            "peak_memory_mib_max": max((t.get("peak_memory_mib") or 0 for t in timings), default=0),
+        },
+        "precision": entries[0].get("precision") if entries else None,
+        "identity_sha256": request["identity_sha256"],
+        "request": request["identity"],
+    }

@@ -1,0 +1,224 @@
+"""The files of a sharded output directory, and the records that tie them to one request.
+
+::
+
+    DIR/request.json                         the request (written once; a different one is refused)
+    DIR/shards/shard-00001-of-00004.h5ad     shard 1's cells (temp file + atomic rename)
+    DIR/shards/shard-00001-of-00004.json     its manifest entry, written after the h5ad
+    DIR/shards/shard-00001-of-00004.parts-<id>/cells-<start>-<stop>.npz
+                                             finished batches of an unfinished shard
+
+One entry file per shard, so concurrent array tasks never write the same file. An entry names the
+request's identity hash; the identity holds everything that changes a cell's counts (request
+parameters except the batch size, model weights hash, gene names, precision, device type) plus the
+shard layout (cell count, shard count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sedd.checkpoint import LoadedModel
+from sedd.generate import GenerationRequest
+from sedd.precision import PrecisionPolicy
+from sedd.shards import Shard
+
+FORMAT = "sedd-shards/1"
+REQUEST_FILE = "request.json"
+SHARD_DIR = "shards"
+
+
+class ShardOutputError(ValueError):
+    """The output directory holds results of another request, or is inconsistent."""
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    """Where one shard's files live in ``out_dir``."""
+
+    out_dir: Path
+    shard: Shard
+
+    @property
+    def h5ad(self) -> Path:
+        return self.out_dir / SHARD_DIR / f"{self.shard.stem}.h5ad"
+
+    @property
+    def entry(self) -> Path:
+        return self.out_dir / SHARD_DIR / f"{self.shard.stem}.json"
+
+    def parts_dir(self, identity_sha256: str) -> Path:
+        # The identity in the name: parts of another request are never picked up.
+        return self.out_dir / SHARD_DIR / f"{self.shard.stem}.parts-{identity_sha256[:16]}"
+
+
+def _canonical_sha256(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def request_identity(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision: PrecisionPolicy,
+    *,
+    num_cells: int,
+    num_shards: int,
+) -> dict[str, Any]:
+    """Everything that decides the cells of each shard; equal identities give equal cells."""
+    params = asdict(request)
+    params.pop("batch_size")  # cell i does not depend on it
+    params["conditions"] = None if request.conditions is None else list(request.conditions)
+    return {
+        "request": params,
+        "model_sha256": loaded.file_hash,
+        "genes_sha256": _canonical_sha256(list(loaded.config.genes)),
+        "amp_dtype": precision.name,
+        "tf32": precision.tf32,
+        "device_type": precision.device.type,
+        "cells": num_cells,
+        "num_shards": num_shards,
+    }
+
+
+def request_record(identity: Mapping[str, Any], **info: Any) -> dict[str, Any]:
+    """The content of ``request.json``: the identity, its hash, and informational fields."""
+    return {
+        "format": FORMAT,
+        "identity_sha256": _canonical_sha256(identity),
+        "identity": dict(identity),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        **info,
+    }
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary name beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _temporary_beside(path) as tmp:
+        tmp.write_text(json.dumps(_finite(obj), indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/Inf -> None: they are not JSON, and jq and most readers reject them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {key: _finite(value) for key, value in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(value) for value in obj]
+    return obj
+
+
+@contextlib.contextmanager
+def _temporary_beside(path: Path) -> Iterator[Path]:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ShardOutputError(f"{what} {path} is not valid JSON ({exc}); delete it.") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ShardOutputError(f"{what} {path} is not a {FORMAT} record; delete it.")
+    return data
+
+
+def claim_request_file(out_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """Write ``out_dir/request.json`` unless it exists; either way, check it is this request.
+
+    The first of several concurrent array tasks wins (an exclusive hard link); the others find
+    its file and compare identity hashes. Returns the record on disk.
+    """
+    path = out_dir / REQUEST_FILE
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        with _temporary_beside(path) as tmp:
+            tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another task was first: compare below
+            except OSError:
+                # a filesystem without hard links: exclusive create (not atomic for readers)
+                with contextlib.suppress(FileExistsError), path.open("x") as f:
+                    f.write(tmp.read_text())
+    on_disk = read_json(path, "request file")
+    if on_disk.get("identity_sha256") != record["identity_sha256"]:
+        changes = describe_changes(on_disk.get("identity", {}), record["identity"])
+        raise ShardOutputError(
+            f"{out_dir} holds results of a different request ({changes}). Use a new --out-dir, "
+            f"or delete {out_dir} to start over; mixing the two would give cells of two requests."
+        )
+    return on_disk
+
+
+def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``"steps: 50 -> 20, seed: 0 -> 1"`` for the keys (nested one level) that differ."""
+
+    def flat(d: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in d.items():
+            if isinstance(value, Mapping):
+                out.update(value)
+            else:
+                out[key] = value
+        return out
+
+    a, b = flat(old), flat(new)
+    diffs = [
+        f"{key}: {_short(a.get(key))} -> {_short(b.get(key))}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key) != b.get(key)
+    ]
+    return ", ".join(diffs) if diffs else "identity hash differs"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def shard_entry(
+    *,
+    shard: Shard,
+    cells: range,
+    identity_sha256: str,
+    seed: int,
+    h5ad: Path,
+    h5ad_sha256: str,
+    stats: Mapping[str, Any],
+    precision_record: Mapping[str, Any],
+    resumed_cells: int,
+) -> dict[str, Any]:
+    """The manifest entry of one finished shard (also its metrics record)."""
+    return {
+        "format": FORMAT,
+        "shard_index": shard.index,
+        "num_shards": shard.count,
+        "cells": len(cells),
+        "cell_range": [cells.start, cells.stop],
+        "seed": seed,
+        "identity_sha256": identity_sha256,
+        "h5ad": h5ad.name,
+        "h5ad_sha256": h5ad_sha256,
+        "resumed_cells": resumed_cells,
+        "timings": dict(stats),
+        "precision": dict(precision_record),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+    }

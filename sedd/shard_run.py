@@ -1,0 +1,275 @@
+"""Run one shard of a request into an output directory, resuming whatever an earlier run finished.
+
+``prepare_shard`` checks ``DIR/request.json`` (claiming it on the first run), then looks at what
+is on disk: a shard whose entry and h5ad hash match is done; otherwise the finished batches
+(part files) are kept and only the missing cells are generated. ``ShardJob.run`` generates them,
+saving each batch as a part file (temp + rename) the moment it is done, then writes the shard
+h5ad (atomic), then its entry (atomic), then removes the parts. A kill at any point loses at most
+the batch being sampled. File layout: ``sedd.shard_manifest``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.checkpoint import LoadedModel
+from sedd.checkpoint_io import sha256_file
+from sedd.generate import GenerationRequest, cell_plan, generate
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import StepStats
+from sedd.shard_manifest import (
+    ShardOutputError,
+    ShardPaths,
+    claim_request_file,
+    read_json,
+    request_identity,
+    request_record,
+    shard_entry,
+    write_json_atomic,
+)
+from sedd.shards import Shard
+
+_PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
+
+
+@dataclass
+class ShardJob:
+    """One shard's work, as found on disk; ``run`` finishes it."""
+
+    loaded: LoadedModel
+    request: GenerationRequest
+    precision: PrecisionPolicy
+    shard: Shard
+    paths: ShardPaths
+    cells: range  # the shard's global cell numbers
+    identity_sha256: str
+    done_entry: dict[str, Any] | None  # the entry, when the shard is already complete
+    # first cell -> (n, G) counts; sparse: most counts are 0, and a shard may be large
+    parts: dict[int, sp.csr_matrix] = field(default_factory=dict)
+
+    @property
+    def parts_dir(self) -> Path:
+        return self.paths.parts_dir(self.identity_sha256)
+
+    @property
+    def resumed_cells(self) -> int:
+        return sum(counts.shape[0] for counts in self.parts.values())
+
+    def gaps(self) -> list[range]:
+        """The cell ranges no part covers yet, in order."""
+        missing, position = [], self.cells.start
+        for start in sorted(self.parts):
+            if start > position:
+                missing.append(range(position, start))
+            position = start + self.parts[start].shape[0]
+        if position < self.cells.stop:
+            missing.append(range(position, self.cells.stop))
+        return missing
+
+    @property
+    def cells_to_generate(self) -> int:
+        return 0 if self.done_entry is not None else sum(len(gap) for gap in self.gaps())
+
+    def run(self, on_step: Callable[[StepStats], None] | None = None) -> dict[str, Any]:
+        """Generate the missing cells, write the shard h5ad and its entry; return the entry."""
+        if self.done_entry is not None:
+            return self.done_entry
+        resumed = self.resumed_cells
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        totals: dict[str, Any] = {"seconds": 0.0, "forwards": 0, "fp32_fallbacks": 0}
+        peak, peak_kind = 0.0, "none"
+        for gap in self.gaps():
+            result = generate(
+                self.loaded,
+                self.request,
+                self.precision,
+                cell_range=gap,
+                on_step=on_step,
+                on_batch=self._save_part,
+            )
+            for key in totals:
+                totals[key] += result.stats[key]  # type: ignore[operator]
+            peak = max(peak, float(result.stats["peak_memory_mib"]))  # type: ignore[arg-type]
+            peak_kind = str(result.stats["peak_memory_kind"])
+        counts = self._assembled_counts()
+        new_cells = len(self.cells) - resumed
+        seconds = totals["seconds"]
+        num_genes = self.loaded.config.num_genes
+        stats = {
+            "cells": len(self.cells),
+            "cells_generated": new_cells,
+            "cells_resumed": resumed,
+            **totals,
+            # an empty shard (more shards than cells) has no rate: report 0, not NaN
+            "cells_per_s": new_cells / seconds if seconds > 0 else 0.0,
+            "tokens_per_s": new_cells * num_genes / seconds if seconds > 0 else 0.0,
+            "peak_memory_mib": peak,
+            "peak_memory_kind": peak_kind,
+        }
+        plan = cell_plan(self.loaded, self.request)
+        uns = shard_provenance(self, stats)
+        write_cells_h5ad(
+            self.paths.h5ad,
+            counts,
+            self.loaded.config.genes,
+            plan.iloc[self.cells.start : self.cells.stop],
+            uns,
+        )
+        entry = shard_entry(
+            shard=self.shard,
+            cells=self.cells,
+            identity_sha256=self.identity_sha256,
+            seed=self.request.seed,
+            h5ad=self.paths.h5ad,
+            h5ad_sha256=sha256_file(self.paths.h5ad),
+            stats=stats,
+            precision_record=self.precision.record(),
+            resumed_cells=resumed,
+        )
+        write_json_atomic(self.paths.entry, entry)
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+        return entry
+
+    def _save_part(self, cells: range, counts: np.ndarray) -> None:
+        part = sp.csr_matrix(counts.astype(np.int32 if counts.max(initial=0) < 2**31 else np.int64))
+        path = self.parts_dir / f"cells-{cells.start:012d}-{cells.stop:012d}.npz"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with tmp.open("wb") as f:
+                sp.save_npz(f, part, compressed=False)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.parts[cells.start] = part
+
+    def _assembled_counts(self) -> sp.csr_matrix:
+        blocks = [self.parts[start] for start in sorted(self.parts)]
+        num_genes = self.loaded.config.num_genes
+        counts = sp.vstack(blocks, format="csr") if blocks else sp.csr_matrix((0, num_genes))
+        if counts.shape[0] != len(self.cells):  # a bug, not a user error: parts tile the shard
+            raise RuntimeError(f"parts hold {counts.shape[0]} cells, shard has {len(self.cells)}.")
+        return counts
+
+
+def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
+    request = job.request
+    return provenance_uns(
+        sampler=request.sampler,
+        steps=request.steps,
+        seed=request.seed,
+        temperature=request.temperature,
+        precision_record=job.precision.record(),
+        checkpoint_hash=job.loaded.file_hash,
+        timings=stats,
+        extra={
+            "model": str(job.loaded.path),
+            "request": {**request.__dict__, "conditions": list(request.conditions or [])},
+            "shard": {
+                "index": job.shard.index,
+                "count": job.shard.count,
+                "cell_range": [job.cells.start, job.cells.stop],
+                "identity_sha256": job.identity_sha256,
+            },
+        },
+    )
+
+
+def prepare_shard(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision: PrecisionPolicy,
+    out_dir: Path,
+    shard: Shard,
+) -> ShardJob:
+    """Claim or check ``out_dir/request.json`` and find what this shard still has to do."""
+    request.validate()
+    num_cells = len(cell_plan(loaded, request))
+    identity = request_identity(
+        loaded, request, precision, num_cells=num_cells, num_shards=shard.count
+    )
+    record = request_record(identity, model=str(loaded.path), batch_size=request.batch_size)
+    claimed = claim_request_file(out_dir, record)
+    paths = ShardPaths(out_dir, shard)
+    job = ShardJob(
+        loaded=loaded,
+        request=request,
+        precision=precision,
+        shard=shard,
+        paths=paths,
+        cells=shard.cell_range(num_cells),
+        identity_sha256=claimed["identity_sha256"],
+        done_entry=None,
+    )
+    job.done_entry = _complete_entry(job)
+    if job.done_entry is None:
+        _load_parts(job)
+    return job
+
+
+def _complete_entry(job: ShardJob) -> dict[str, Any] | None:
+    """The shard's entry if it and its h5ad are intact and belong to this request."""
+    entry_path, h5ad = job.paths.entry, job.paths.h5ad
+    if not entry_path.exists():
+        return None
+    try:
+        entry = read_json(entry_path, "shard entry")
+    except ShardOutputError as exc:
+        _note(f"{exc}; regenerating shard {job.shard.index}")
+        return None
+    if entry.get("identity_sha256") != job.identity_sha256:
+        raise ShardOutputError(
+            f"{entry_path} belongs to another request (identity "
+            f"{str(entry.get('identity_sha256'))[:12]}, expected {job.identity_sha256[:12]}); "
+            f"delete {job.paths.out_dir} or use a new --out-dir."
+        )
+    if h5ad.exists() and sha256_file(h5ad) == entry.get("h5ad_sha256"):
+        return entry
+    _note(f"{h5ad} is missing or does not match its entry's sha256; regenerating it")
+    entry_path.unlink(missing_ok=True)
+    return None
+
+
+def _load_parts(job: ShardJob) -> None:
+    """Read finished batches; drop leftover temp files and anything that does not fit."""
+    parts_dir = job.parts_dir
+    if not parts_dir.is_dir():
+        return
+    num_genes = job.loaded.config.num_genes
+    covered = np.zeros(len(job.cells), dtype=bool)
+    for path in sorted(parts_dir.iterdir()):
+        match = _PART.match(path.name)
+        if match is None:  # a temp file from a killed write, or a stranger
+            path.unlink(missing_ok=True)
+            continue
+        start, stop = int(match.group(1)), int(match.group(2))
+        lo, hi = start - job.cells.start, stop - job.cells.start
+        try:
+            counts = sp.csr_matrix(sp.load_npz(path))
+        except (OSError, ValueError) as exc:
+            _note(f"dropping unreadable part {path} ({exc})")
+            path.unlink(missing_ok=True)
+            continue
+        fits = 0 <= lo < hi <= len(job.cells) and counts.shape == (stop - start, num_genes)
+        if not fits or covered[lo:hi].any():
+            _note(f"dropping part {path}: it does not fit shard {job.shard.stem}")
+            path.unlink(missing_ok=True)
+            continue
+        covered[lo:hi] = True
+        job.parts[start] = counts
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
