@@ -1,0 +1,182 @@
+"""Load benchmark: continuous batching vs one request at a time, over real HTTP, side by side.
+
+Starts the service in-process under uvicorn (a background thread) twice on the same model:
+
+* ``batched``: the engine packs every in-flight request's rows into one forward per step
+  (``max_rows_per_forward`` = clients x cells per request);
+* ``one-at-a-time``: ``max_rows_per_forward`` = one request's cells, so the engine steps one
+  request at a time (the others queue).
+
+N concurrent clients each send the same small request (``--cells`` x ``--steps``) repeatedly for
+``--requests`` requests in all; the script prints throughput (cells/s) and latency p50/p90/p99
+for both, and the ratio.
+
+    .venv/bin/python scripts/bench_server.py --clients 8 --requests 48 --cells 2 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import uvicorn
+
+from sedd.commands.checkpoints import DEFAULT_MODEL
+from server.app import create_app
+from server.config import Settings
+
+
+@dataclass
+class RunResult:
+    mode: str
+    cells: int
+    seconds: float
+    latencies: list[float]
+    failures: int
+
+    @property
+    def cells_per_s(self) -> float:
+        return self.cells / self.seconds
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BackgroundServer:
+    """uvicorn in a thread, so the clients talk to it over a real socket."""
+
+    def __init__(self, settings: Settings) -> None:
+        config = uvicorn.Config(
+            create_app(settings), host=settings.host, port=settings.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://{settings.host}:{settings.port}"
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the server did not become ready within 120 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+async def _load(url: str, args: argparse.Namespace, mode: str) -> RunResult:
+    body = {"num_cells": args.cells, "steps": args.steps, "condition": args.condition}
+    todo = list(range(args.requests))
+    latencies: list[float] = []
+    failures = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal failures
+        while todo:
+            i = todo.pop()
+            start = time.perf_counter()
+            response = await http.post(f"{url}/generate", json={**body, "seed": i})
+            if response.status_code == 200:
+                latencies.append(time.perf_counter() - start)
+            else:
+                failures += 1
+
+    limits = httpx.Limits(max_connections=args.clients)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+        await http.post(f"{url}/generate", json={**body, "steps": 2})  # warm-up
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(args.clients)))
+        seconds = time.perf_counter() - start
+    return RunResult(mode, len(latencies) * args.cells, seconds, latencies, failures)
+
+
+def run_mode(args: argparse.Namespace, mode: str, rows: int) -> RunResult:
+    settings = Settings(
+        model=args.model,
+        device=args.device,
+        precision=args.precision,
+        port=_free_port(),
+        max_rows_per_forward=rows,
+        max_queued_jobs=max(64, args.clients * 2),
+        max_cells_per_request=max(args.cells, 1),
+        max_steps=max(args.steps, 2),
+        log_level="warning",
+    )
+    with BackgroundServer(settings) as server:
+        return asyncio.run(_load(server.url, args, mode))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients")
+    parser.add_argument("--requests", type=int, default=48, help="requests in all, per mode")
+    parser.add_argument("--cells", type=int, default=2, help="cells per request")
+    parser.add_argument("--steps", type=int, default=10, help="steps per request")
+    parser.add_argument("--condition", default=None, help="condition (default: the control)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    results = [
+        run_mode(args, "batched", rows=args.clients * args.cells),
+        run_mode(args, "one-at-a-time", rows=args.cells),
+    ]
+    print(
+        f"{args.clients} clients, {args.requests} requests of {args.cells} cells x "
+        f"{args.steps} steps, model {args.model}"
+    )
+    print(f"{'mode':<14} {'cells/s':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'failed':>6}")
+    for r in results:
+        print(
+            f"{r.mode:<14} {r.cells_per_s:8.2f} {r.percentile(50):7.2f} {r.percentile(90):7.2f} "
+            f"{r.percentile(99):7.2f} {r.failures:6d}"
+        )
+    batched, serial = results
+    ratio = batched.cells_per_s / serial.cells_per_s
+    p50_ratio = serial.percentile(50) / batched.percentile(50)
+    print(f"batching / one-at-a-time: throughput x{ratio:.2f}, p50 latency x{p50_ratio:.2f} lower")
+    if args.json is not None:
+        figures = {
+            r.mode: {
+                "cells_per_s": r.cells_per_s,
+                "p50_s": r.percentile(50),
+                "p90_s": r.percentile(90),
+                "p99_s": r.percentile(99),
+                "mean_s": statistics.fmean(r.latencies) if r.latencies else None,
+                "failures": r.failures,
+            }
+            for r in results
+        }
+        figures["throughput_ratio"] = ratio  # type: ignore[assignment]
+        args.json.write_text(
+            json.dumps(
+                {"args": vars(args) | {"model": str(args.model)}, **figures}, indent=2, default=str
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The app factory: ``create_app(settings)``.
+
+The lifespan loads the fp32 checkpoint once, resolves the precision policy, starts one engine and
+publishes them as ``app.state.service``; on shutdown (uvicorn's answer to SIGTERM) it stops
+taking requests and drains the engine. Every error reaches the client through
+``server.errors.http_error`` (installed here as the app's exception handlers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sedd.checkpoint import load_checkpoint
+from sedd.engine import Engine
+from sedd.precision import resolve_precision
+from server.config import Settings
+from server.errors import MAPPED, http_error
+from server.metrics import MetricsMiddleware, ServiceMetrics
+from server.routes import health, metrics, models, sampling
+from server.schemas import apply_limits
+from server.state import Service
+
+log = logging.getLogger("sedd.server")
+
+
+def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service:
+    """Load the model and build (not start) the engine."""
+    device = settings.resolved_device()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        loaded = load_checkpoint(settings.model, device=device)
+        precision = resolve_precision(settings.precision, loaded.device)
+    for warning in caught:
+        log.warning("%s", warning.message)
+    engine = Engine(
+        loaded,
+        precision,
+        max_rows_per_forward=settings.max_rows_per_forward,
+        max_queued_jobs=settings.max_queued_jobs,
+        observer=service_metrics,
+    )
+    service_metrics.attach(engine, loaded.device, loaded.config.num_genes)
+    return Service(settings, loaded, precision, engine, service_metrics)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    service = await asyncio.to_thread(load_service, settings, app.state.metrics)
+    service.engine.start()
+    app.state.service = service
+    log.info(
+        "serving %s (%s genes) on %s, precision %s",
+        service.loaded.path,
+        service.loaded.config.num_genes,
+        service.loaded.device,
+        service.precision.name,
+    )
+    try:
+        yield
+    finally:
+        service.draining = True
+        log.info("draining the engine (up to %.0f s)", settings.drain_timeout_s)
+        await asyncio.to_thread(service.engine.stop, drain=True, timeout=settings.drain_timeout_s)
+        app.state.service = None
+
+
+def _error_response(exc: BaseException) -> JSONResponse:
+    failure = http_error(exc)
+    return JSONResponse({"detail": failure.detail}, failure.status, headers=failure.headers)
+
+
+async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
+    return _error_response(exc)
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(StarletteHTTPException, exc)  # registered for this type only
+    return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(RequestValidationError, exc)
+    errors = [{k: v for k, v in e.items() if k != "url"} for e in exc.errors()]
+    return JSONResponse({"detail": _jsonable(errors)}, 422)
+
+
+def _jsonable(value: Any) -> Any:
+    """Validation errors may carry exceptions or NaN inputs in ``ctx``/``input``: make them
+    plain, finite JSON."""
+    match value:
+        case dict():
+            return {str(k): _jsonable(v) for k, v in value.items()}
+        case list() | tuple():
+            return [_jsonable(v) for v in value]
+        case float() if value != value or value in (float("inf"), float("-inf")):
+            return str(value)
+        case str() | int() | float() | bool() | None:
+            return value
+        case _:
+            return str(value)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app serving ``settings`` (``Settings()`` from the environment when None)."""
+    settings = settings if settings is not None else Settings()
+    app = FastAPI(
+        title="sedd",
+        summary="Discrete-diffusion (SEDD) single-cell count models over HTTP",
+        version="0.1.0",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    app.state.service = None
+    app.state.metrics = ServiceMetrics()
+    for router in (health.router, models.router, metrics.router, sampling.router):
+        app.include_router(router)
+    app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    for error in MAPPED:
+        app.add_exception_handler(error, _domain_error)
+    app.add_exception_handler(Exception, _domain_error)  # the rest: a logged JSON 500
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            service = app.state.service
+            config = None if service is None else service.loaded.config
+            schema = apply_limits(schema, settings, config)
+            if config is None:
+                return schema  # before start-up: no model names yet, so do not cache
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

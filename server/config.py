@@ -1,0 +1,53 @@
+"""Service settings: pydantic-settings read from ``SEDD_*`` environment variables.
+
+Nothing here is built at import time: ``Settings()`` is created by ``sedd serve`` (command-line
+flags override the environment) or by whoever calls ``server.app.create_app``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sedd.commands.checkpoints import DEFAULT_MODEL
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Everything the service reads at start-up. Each field is ``SEDD_<NAME>`` in the environment
+    (e.g. ``SEDD_MAX_STEPS=100``, ``SEDD_API_KEY=...``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SEDD_", extra="ignore")
+
+    model: Path = Field(
+        default=DEFAULT_MODEL, description="checkpoint to serve (any layout load_checkpoint reads)"
+    )
+    device: str = Field(default="auto", description="'auto' (cuda if available), 'cpu', 'cuda:0'")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        default="auto", description="autocast dtype of the model forward (PRECISION.md)"
+    )
+    max_cells_per_request: int = Field(default=256, ge=1, le=100_000)
+    max_steps: int = Field(default=1000, ge=1, le=100_000)
+    max_body_bytes: int = Field(default=4 * 2**20, ge=1024)
+    max_queued_jobs: int = Field(default=64, ge=1)
+    max_rows_per_forward: int = Field(default=256, ge=1)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: wait this long")
+    api_key: SecretStr | None = Field(
+        default=None, description="bearer key every route but /healthz needs; unset: no auth"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    def resolved_device(self) -> str:
+        """``auto`` -> ``cuda`` when available, else ``cpu``."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"

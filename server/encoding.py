@@ -1,0 +1,156 @@
+"""Engine results -> response bodies ("encode"): JSON models or ``.h5ad`` bytes.
+
+Counts come from ``sedd.cells.tokens_to_counts`` (which refuses a leftover mask token); means
+and shifts are computed from integer counts, so every number in a body is finite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.cells import tokens_to_counts
+from sedd.engine import JobResult
+from server.planning import PlannedJob, finite_or_zero
+from server.schemas import (
+    CellLabels,
+    GenerateResponse,
+    ImputeResponse,
+    PerturbationResult,
+    PredictResponse,
+    ResponseMetadata,
+)
+from server.state import Service
+
+H5AD_MEDIA_TYPE = "application/x-hdf5"
+
+
+def wants_h5ad(planned: PlannedJob, request: Request) -> bool:
+    """The ``format`` field, or an ``Accept`` header naming ``application/x-hdf5``."""
+    return planned.options.format == "h5ad" or H5AD_MEDIA_TYPE in request.headers.get("accept", "")
+
+
+def counts_of(service: Service, result: JobResult) -> np.ndarray:
+    return tokens_to_counts(result.tokens, service.loaded.config.tokens.mask_index)  # (N, G)
+
+
+def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
+    options = planned.options
+    return ResponseMetadata(
+        job_id=job_id,
+        seed=options.seed,
+        steps=options.steps,
+        sampler=options.sampler,
+        temperature=options.temperature,
+        precision=service.precision_record(result.fp32_fallbacks),  # type: ignore[arg-type]
+        queue_seconds=finite_or_zero(result.queue_seconds),
+        compute_seconds=finite_or_zero(result.compute_seconds),
+        forwards=int(result.forwards),
+        checkpoint_sha256=service.loaded.file_hash,
+    ).model_dump()
+
+
+def _cell_labels(planned: PlannedJob) -> list[CellLabels]:
+    records = planned.cells.to_dict(orient="records")
+    return [
+        CellLabels(
+            perturbation=row.get("perturbation"),
+            sample_idx=int(row["sample_idx"]),
+            cell_type=row.get("cell_type"),
+        )
+        for row in records
+    ]
+
+
+def generate_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
+    counts = counts_of(service, result)
+    return GenerateResponse(
+        genes=list(service.loaded.config.genes),
+        counts=counts.tolist(),
+        cells=_cell_labels(planned),
+        metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
+    ).model_dump()
+
+
+def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
+    counts = counts_of(service, result)
+    return ImputeResponse(
+        genes=list(service.loaded.config.genes),
+        counts=counts.tolist(),
+        observed_genes=list(planned.observed_genes),
+        cells=_cell_labels(planned),
+        metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
+    ).model_dump()
+
+
+def predict_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
+    """Cells grouped by perturbation, with per-gene means and the shift versus control."""
+    counts = counts_of(service, result)
+    names = planned.cells["perturbation"].to_numpy()
+    order = list(dict.fromkeys(names.tolist()))  # request order, control last
+    groups = {name: counts[names == name] for name in order}
+    means = {name: group.mean(axis=0) for name, group in groups.items()}  # (G,) float64
+    control_mean = means.get(planned.control) if planned.control is not None else None
+    results = [
+        PerturbationResult(
+            name=name,
+            is_control=name == planned.control,
+            counts=groups[name].tolist(),
+            mean=means[name].tolist(),
+            shift_vs_control=None if control_mean is None else _list(means[name] - control_mean),
+        )
+        for name in order
+    ]
+    return PredictResponse(
+        genes=list(service.loaded.config.genes),
+        control=planned.control,
+        perturbations=results,
+        metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
+    ).model_dump()
+
+
+def _list(values: np.ndarray) -> list[float]:
+    return [float(v) for v in values]
+
+
+def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route: str) -> bytes:
+    options = planned.options
+    uns = provenance_uns(
+        sampler=options.sampler,
+        steps=options.steps,
+        seed=options.seed,
+        temperature=options.temperature,
+        precision_record=service.precision_record(result.fp32_fallbacks),
+        checkpoint_hash=service.loaded.file_hash,
+        timings={
+            "queue_seconds": finite_or_zero(result.queue_seconds),
+            "compute_seconds": finite_or_zero(result.compute_seconds),
+            "forwards": int(result.forwards),
+        },
+        extra={"route": route, "observed_genes": list(planned.observed_genes)},
+    )
+    counts = counts_of(service, result)
+    with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
+        path = write_cells_h5ad(
+            Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells, uns
+        )
+        return path.read_bytes()
+
+
+async def h5ad_response(
+    service: Service, planned: PlannedJob, result: JobResult, route: str
+) -> Response:
+    """The cells as an ``.h5ad`` file (written off the event loop)."""
+    data = await asyncio.to_thread(_write_h5ad, service, planned, result, route)
+    name = route.strip("/").replace("/", "_") or "cells"
+    return Response(
+        data,
+        media_type=H5AD_MEDIA_TYPE,
+        headers={"Content-Disposition": f'attachment; filename="{name}.h5ad"'},
+    )

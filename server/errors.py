@@ -1,0 +1,174 @@
+"""Errors the HTTP layer raises itself, and ``http_error``: THE one mapping from these, the
+engine's and the library's errors to an HTTP status, a ``detail`` and headers. The app's
+exception handlers (``server.app``) and the event streams both answer through it."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sedd.cells import CountRangeError
+from sedd.checkpoint import UnknownLabelError
+from sedd.engine import EngineFull, EngineStopped, InvalidTokensError, JobCancelled, JobTimeout
+from sedd.precision import NonFiniteScoreError
+
+log = logging.getLogger("sedd.server")
+CLIENT_CLOSED = 499  # nginx's status for "client closed the request"; never seen by a client
+RETRY_DRAINING_S = 5
+DEADLINE_DETAIL = (
+    "the request did not finish within its deadline; ask for fewer cells or steps, or raise "
+    "timeout_s (up to the server's request_timeout_s)."
+)
+
+
+class FieldError(ValueError):
+    """A request field the model or the server's limits reject: a 422 naming ``loc``.
+
+    The body matches FastAPI's own validation errors, ``{"detail": [{"type", "loc", "msg",
+    "input", "ctx"}]}``, so a client handles both the same way.
+    """
+
+    def __init__(
+        self,
+        loc: Sequence[str | int],
+        msg: str,
+        *,
+        type: str = "value_error",
+        input: Any = None,
+        ctx: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(msg)
+        self.loc, self.msg, self.type, self.input, self.ctx = list(loc), msg, type, input, ctx
+
+    def detail(self) -> list[dict[str, Any]]:
+        item: dict[str, Any] = {"type": self.type, "loc": self.loc, "msg": self.msg}
+        item["input"] = self.input
+        if self.ctx is not None:
+            item["ctx"] = self.ctx
+        return [item]
+
+
+class BodyTooLarge(Exception):
+    """The request body is larger than ``max_body_bytes`` (declared or as streamed)."""
+
+    def __init__(self, limit: int, size: int | None) -> None:
+        seen = "" if size is None else f" (got at least {size} bytes)"
+        super().__init__(
+            f"request body exceeds max_body_bytes={limit} bytes{seen}; send fewer cells or genes."
+        )
+
+
+class Unauthorized(Exception):
+    """Missing or wrong bearer API key."""
+
+
+class Draining(Exception):
+    """The server is shutting down and takes no new work."""
+
+
+class NotReady(Exception):
+    """/readyz: the engine is not running, or has work and has stopped stepping."""
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its result was ready; its job was cancelled."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed before the engine answered."""
+
+
+# Every class ``http_error`` maps (subclasses included); the app registers a handler for each.
+MAPPED: tuple[type[Exception], ...] = (
+    ValueError,  # FieldError, UnknownLabelError, CountRangeError, engine field checks
+    BodyTooLarge,
+    Unauthorized,
+    EngineFull,
+    Draining,
+    EngineStopped,
+    NotReady,
+    torch.OutOfMemoryError,
+    JobTimeout,
+    DeadlineExceeded,
+    ClientDisconnected,
+    JobCancelled,
+    NonFiniteScoreError,
+    InvalidTokensError,
+)
+
+
+@dataclass(frozen=True)
+class HTTPFailure:
+    status: int
+    detail: str | list[dict[str, Any]]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _retry_after(seconds: float | None, default: int = 1) -> dict[str, str]:
+    if seconds is None or not math.isfinite(seconds):
+        seconds = default
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def http_error(exc: BaseException) -> HTTPFailure:
+    """Status, detail and headers for any error a request can end in."""
+    match exc:
+        case FieldError():
+            return HTTPFailure(422, exc.detail())
+        case UnknownLabelError() | CountRangeError():  # the planner names the field first
+            return HTTPFailure(422, str(exc))
+        case BodyTooLarge():
+            return HTTPFailure(413, str(exc))
+        case Unauthorized():
+            return HTTPFailure(401, str(exc), {"WWW-Authenticate": "Bearer"})
+        case EngineFull():
+            headers = _retry_after(getattr(exc, "retry_after", None))
+            return HTTPFailure(
+                429,
+                "the request queue is full (max_queued_jobs); retry after "
+                f"{headers['Retry-After']} s.",
+                headers,
+            )
+        case Draining() | EngineStopped():
+            return HTTPFailure(
+                503,
+                "the server is shutting down and takes no new requests",
+                _retry_after(RETRY_DRAINING_S),
+            )
+        case NotReady():
+            return HTTPFailure(503, str(exc), _retry_after(RETRY_DRAINING_S))
+        case torch.OutOfMemoryError():
+            log.warning("out of accelerator memory: %s", exc)
+            return HTTPFailure(
+                503,
+                "out of accelerator memory for this request; retry with fewer cells",
+                _retry_after(RETRY_DRAINING_S),
+            )
+        case JobTimeout() | DeadlineExceeded():
+            return HTTPFailure(504, DEADLINE_DETAIL)
+        case ClientDisconnected() | JobCancelled():
+            return HTTPFailure(CLIENT_CLOSED, "the client disconnected; its job was cancelled")
+        case NonFiniteScoreError():
+            log.error("non-finite model output: %s", exc)
+            return HTTPFailure(
+                500,
+                "the model produced NaN/Inf scores for this request even in fp32; no cells "
+                "were returned. Other requests are unaffected; check the checkpoint weights.",
+            )
+        case InvalidTokensError():
+            log.error("%s", exc)
+            return HTTPFailure(
+                500,
+                "the sampler left mask or out-of-range tokens; no cells "
+                "were returned (PRECISION.md rule 5)",
+            )
+        case ValueError():  # the library's user-caused errors (bad field values)
+            return HTTPFailure(422, str(exc))
+        case _:
+            log.error("request failed", exc_info=exc)
+            return HTTPFailure(500, f"internal error ({type(exc).__name__}); see the server log")

@@ -1,0 +1,246 @@
+"""Requests -> engine jobs ("decode"): check the server's limits, resolve names, build tokens.
+
+Every cell plan comes from ``sedd.generate.cell_plan``, and cell i of a request draws from the
+stream (seed, i) (``first_cell=0``), so a request's cells equal ``sedd.generate.generate`` run
+on the same ``GenerationRequest``. Name errors become ``FieldError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sedd.cells import CountRangeError, counts_to_tokens
+from sedd.checkpoint import LoadedModel, UnknownLabelError
+from sedd.engine import EngineJob
+from sedd.generate import GenerationRequest, cell_plan
+from server.config import Settings
+from server.errors import FieldError
+from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions
+
+RequestT = TypeVar("RequestT", bound=SamplingOptions)
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """An engine job plus what encoding its result needs."""
+
+    job: EngineJob
+    cells: pd.DataFrame  # one row per cell (cell_plan's columns), in cell order
+    options: SamplingOptions
+    timeout_s: float
+    control: str | None = None
+    observed_genes: tuple[str, ...] = ()
+
+
+def _with_default_steps(body: RequestT, settings: Settings) -> RequestT:
+    """A request that leaves out ``steps`` gets the default capped at the server's max_steps."""
+    if "steps" in body.model_fields_set or body.steps <= settings.max_steps:
+        return body
+    return body.model_copy(update={"steps": settings.max_steps})
+
+
+def _check_limits(settings: Settings, options: SamplingOptions, cells: int, loc: str) -> float:
+    """The server's own limits; returns the request's timeout in seconds."""
+    if options.steps > settings.max_steps:
+        raise FieldError(
+            ["body", "steps"],
+            f"Input should be less than or equal to {settings.max_steps} (max_steps)",
+            type="less_than_equal",
+            input=options.steps,
+            ctx={"le": settings.max_steps},
+        )
+    limit = settings.max_cells_per_request
+    if cells > limit:
+        raise FieldError(
+            ["body", loc],
+            f"the request asks for {cells} cells; the limit is {limit} (max_cells_per_request)",
+            type="less_than_equal",
+            input=cells,
+            ctx={"le": limit},
+        )
+    timeout = settings.request_timeout_s
+    return timeout if options.timeout_s is None else min(options.timeout_s, timeout)
+
+
+def _plan(
+    loaded: LoadedModel, request: GenerationRequest, names_loc: list[str | int]
+) -> pd.DataFrame:
+    try:
+        return cell_plan(loaded, request)
+    except UnknownLabelError as err:
+        loc: list[str | int] = ["body", "cell_type"] if err.kind == "cell type" else names_loc
+        listed = names_loc[-1] == "perturbations" and err.name in (request.conditions or ())
+        if err.kind == "perturbation" and listed:
+            loc = [*names_loc, (request.conditions or ()).index(err.name)]
+        raise FieldError(
+            loc,
+            str(err),
+            type=f"unknown_{err.kind.replace(' ', '_')}",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
+
+
+def _condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
+    """The single condition of /generate and /impute: the control when none is given."""
+    cfg = loaded.config
+    if cfg.perturbations is None:
+        if given is not None:
+            raise FieldError(
+                ["body", "condition"],
+                "this model is unconditional: leave out `condition`",
+                input=given,
+            )
+        return None
+    name = given if given is not None else cfg.control_label
+    if name is None:
+        raise FieldError(
+            ["body", "condition"],
+            "this model is conditioned on perturbations and has no control label: pass `condition`",
+        )
+    return (name,)
+
+
+def _job(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    cells: pd.DataFrame,
+    timeout_s: float,
+    x_init: torch.Tensor | None = None,
+    fixed: torch.Tensor | None = None,
+) -> EngineJob:
+    labels = (
+        loaded.perturbation_labels(list(cells["perturbation"])) if "perturbation" in cells else None
+    )
+    cell_types = loaded.cell_type_labels(list(cells["cell_type"])) if "cell_type" in cells else None
+    return EngineJob(
+        num_cells=len(cells),
+        steps=request.steps,
+        sampler=request.sampler,
+        temperature=request.temperature,
+        seed=request.seed,
+        first_cell=0,
+        labels=labels,
+        cell_types=cell_types,
+        x_init=x_init,
+        fixed=fixed,
+        deadline=time.monotonic() + timeout_s,
+    )
+
+
+def _generation_request(
+    options: SamplingOptions,
+    cells_per_condition: int,
+    conditions: tuple[str, ...] | None,
+    cell_type: str | None,
+) -> GenerationRequest:
+    return GenerationRequest(
+        cells_per_condition=cells_per_condition,
+        conditions=conditions,
+        cell_type=cell_type,
+        steps=options.steps,
+        sampler=options.sampler,
+        temperature=options.temperature,
+        seed=options.seed,
+    )
+
+
+def plan_generate(loaded: LoadedModel, settings: Settings, body: GenerateRequest) -> PlannedJob:
+    body = _with_default_steps(body, settings)
+    timeout = _check_limits(settings, body, body.num_cells, "num_cells")
+    request = _generation_request(
+        body, body.num_cells, _condition(loaded, body.condition), body.cell_type
+    )
+    cells = _plan(loaded, request, ["body", "condition"])
+    return PlannedJob(_job(loaded, request, cells, timeout), cells, body, timeout)
+
+
+def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) -> PlannedJob:
+    body = _with_default_steps(body, settings)
+    cfg = loaded.config
+    if cfg.perturbations is None:
+        raise FieldError(
+            ["body", "perturbations"],
+            "this model is unconditional: it has no perturbations to predict; use /generate",
+            input=body.perturbations,
+        )
+    control = cfg.control_label
+    if body.include_control and control is None:
+        raise FieldError(
+            ["body", "include_control"],
+            "this model has no control label; set `include_control` to false",
+            input=True,
+        )
+    conditions = tuple(body.perturbations)
+    if body.include_control and control not in conditions:
+        conditions = (*conditions, control)  # type: ignore[arg-type]
+    total = len(conditions) * body.cells_per_perturbation
+    timeout = _check_limits(settings, body, total, "cells_per_perturbation")
+    request = _generation_request(body, body.cells_per_perturbation, conditions, body.cell_type)
+    cells = _plan(loaded, request, ["body", "perturbations"])
+    has_control = control is not None and control in conditions
+    return PlannedJob(
+        _job(loaded, request, cells, timeout),
+        cells,
+        body,
+        timeout,
+        control=control if has_control else None,
+    )
+
+
+def plan_impute(loaded: LoadedModel, settings: Settings, body: ImputeRequest) -> PlannedJob:
+    body = _with_default_steps(body, settings)
+    cfg = loaded.config
+    num_cells = len(body.counts)
+    timeout = _check_limits(settings, body, num_cells, "counts")
+    mask = cfg.tokens.mask_index
+    if mask is None:
+        raise FieldError(
+            ["body", "genes"], "imputation needs an absorbing-graph (masked) model", input=None
+        )
+    positions = {gene: i for i, gene in enumerate(cfg.genes)}
+    for i, gene in enumerate(body.genes):
+        if gene not in positions:
+            err = UnknownLabelError(gene, "gene", cfg.genes)
+            raise FieldError(
+                ["body", "genes", i],
+                str(err),
+                type="unknown_gene",
+                input=gene,
+                ctx={"suggestions": err.suggestions},
+            )
+    try:
+        given = counts_to_tokens(
+            np.asarray(body.counts, dtype=np.int64), cfg.tokens.num_bins, genes=body.genes
+        )
+    except CountRangeError as err:
+        raise FieldError(
+            ["body", "counts"],
+            str(err),
+            type="count_out_of_range",
+            ctx={"max_count": cfg.tokens.max_count},
+        ) from None
+    columns = torch.tensor([positions[g] for g in body.genes], dtype=torch.long)
+    x_init = torch.full((num_cells, cfg.num_genes), mask, dtype=torch.long)  # (N, G) all masked
+    x_init[:, columns] = given.tokens
+    fixed = torch.zeros_like(x_init, dtype=torch.bool)
+    fixed[:, columns] = True
+    request = _generation_request(
+        body, num_cells, _condition(loaded, body.condition), body.cell_type
+    )
+    cells = _plan(loaded, request, ["body", "condition"])
+    device = loaded.device
+    job = _job(loaded, request, cells, timeout, x_init.to(device), fixed.to(device))
+    return PlannedJob(job, cells, body, timeout, observed_genes=tuple(body.genes))
+
+
+def finite_or_zero(value: float) -> float:
+    """Timings for the response: never NaN/Inf in a body."""
+    return value if math.isfinite(value) else 0.0

@@ -1,0 +1,1 @@
+"""Thin routers: health, model card, metrics, sampling."""

@@ -1,0 +1,44 @@
+"""GET /healthz (liveness, no auth) and GET /readyz (model loaded, engine stepping)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+
+from server.deps import AuthDep, ServiceDep
+from server.errors import NotReady
+from server.limits import LimitedRoute
+from server.schemas import ErrorBody, Health, Readiness
+
+router = APIRouter(route_class=LimitedRoute, tags=["health"])
+STALL_S = 60.0  # an engine with work that has not stepped for this long is not ready
+
+
+@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+async def healthz() -> Health:
+    return Health()
+
+
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    dependencies=[AuthDep],
+    responses={503: {"model": ErrorBody, "description": "not ready"}},
+    summary="Readiness: the model is loaded and the engine is stepping or idle",
+)
+async def readyz(service: ServiceDep) -> Readiness:
+    engine = service.engine
+    if service.draining or not engine.running:
+        raise NotReady("not ready: the engine is not running (starting or shutting down)")
+    last = engine.last_tick_monotonic
+    since = None if last is None else time.monotonic() - last
+    busy = engine.active_jobs > 0 or engine.queued_jobs > 0
+    if busy and since is not None and since > STALL_S:
+        raise NotReady(f"not ready: the engine has work but has not stepped for {since:.0f} s")
+    return Readiness(
+        queued_jobs=engine.queued_jobs,
+        active_jobs=engine.active_jobs,
+        active_rows=engine.active_rows,
+        seconds_since_step=since,
+    )

@@ -1,0 +1,158 @@
+"""POST /generate, /predict, /impute and their server-sent-event variants ``.../stream``.
+
+Each route is decode (``server.planning``) -> run on the engine (``server.runner``) -> encode
+(``server.encoding``); errors go to the app's one mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+
+from sedd.engine import JobResult
+from server import encoding, planning
+from server.deps import AuthDep, ServiceDep
+from server.errors import FieldError, http_error
+from server.limits import LimitedRoute
+from server.runner import run_job, stream_job
+from server.schemas import (
+    ErrorBody,
+    GenerateRequest,
+    GenerateResponse,
+    ImputeRequest,
+    ImputeResponse,
+    PredictRequest,
+    PredictResponse,
+)
+from server.state import Service
+
+router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["sampling"])
+
+BodyFn = Callable[[Service, planning.PlannedJob, JobResult, str], dict[str, Any]]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (401, "missing or wrong API key"),
+        (413, "request body over max_body_bytes"),
+        (422, "a field is out of bounds or names something the model does not know"),
+        (429, "the queue is full; see Retry-After"),
+        (500, "the model produced NaN/Inf for this request"),
+        (503, "the server is draining or out of accelerator memory; see Retry-After"),
+        (504, "the request's deadline passed"),
+    )
+}
+_H5AD = {200: {"content": {encoding.H5AD_MEDIA_TYPE: {"schema": {"type": "string"}}}}}
+_SSE = {
+    200: {
+        "description": "events: queued, progress (per step), then result or error",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+async def _answer(
+    service: Service, planned: planning.PlannedJob, request: Request, route: str, body: BodyFn
+) -> Response:
+    job_id, result = await run_job(service, planned, request, route)
+    if encoding.wants_h5ad(planned, request):
+        return await encoding.h5ad_response(service, planned, result, route)
+    return JSONResponse(body(service, planned, result, job_id))
+
+
+async def _stream(
+    service: Service, planned: planning.PlannedJob, request: Request, route: str, body: BodyFn
+) -> StreamingResponse:
+    if planned.options.format != "json":
+        raise FieldError(
+            ["body", "format"],
+            "streaming responses carry JSON; use the non-streaming route for h5ad",
+            input=planned.options.format,
+        )
+
+    def encode(result: JobResult) -> dict[str, Any]:
+        return body(service, planned, result, str(handle.job_id))
+
+    def error_body(exc: BaseException) -> tuple[int, Any]:
+        failure = http_error(exc)
+        return failure.status, failure.detail
+
+    handle, events = await stream_job(service, planned, request, route, encode, error_body)
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-store"}
+    )
+
+
+@router.post(
+    "/generate",
+    response_model=GenerateResponse,
+    responses={**_ERRORS, **_H5AD},
+    summary="Generate whole cells",
+)
+async def generate(body: GenerateRequest, service: ServiceDep, request: Request) -> Response:
+    planned = planning.plan_generate(service.loaded, service.settings, body)
+    return await _answer(service, planned, request, "/generate", encoding.generate_body)
+
+
+@router.post(
+    "/generate/stream",
+    responses={**_ERRORS, **_SSE},
+    response_class=StreamingResponse,
+    summary="Generate whole cells, streaming per-step progress (server-sent events)",
+)
+async def generate_stream(
+    body: GenerateRequest, service: ServiceDep, request: Request
+) -> StreamingResponse:
+    planned = planning.plan_generate(service.loaded, service.settings, body)
+    return await _stream(service, planned, request, "/generate/stream", encoding.generate_body)
+
+
+@router.post(
+    "/predict",
+    response_model=PredictResponse,
+    responses={**_ERRORS, **_H5AD},
+    summary="Predict perturbation responses",
+)
+async def predict(body: PredictRequest, service: ServiceDep, request: Request) -> Response:
+    planned = planning.plan_predict(service.loaded, service.settings, body)
+    return await _answer(service, planned, request, "/predict", encoding.predict_body)
+
+
+@router.post(
+    "/predict/stream",
+    responses={**_ERRORS, **_SSE},
+    response_class=StreamingResponse,
+    summary="Predict perturbation responses, streaming per-step progress",
+)
+async def predict_stream(
+    body: PredictRequest, service: ServiceDep, request: Request
+) -> StreamingResponse:
+    planned = planning.plan_predict(service.loaded, service.settings, body)
+    return await _stream(service, planned, request, "/predict/stream", encoding.predict_body)
+
+
+@router.post(
+    "/impute",
+    response_model=ImputeResponse,
+    responses={**_ERRORS, **_H5AD},
+    summary="Sample the genes a cell's given counts leave out",
+)
+async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> Response:
+    planned = planning.plan_impute(service.loaded, service.settings, body)
+    return await _answer(service, planned, request, "/impute", encoding.impute_body)
+
+
+@router.post(
+    "/impute/stream",
+    responses={**_ERRORS, **_SSE},
+    response_class=StreamingResponse,
+    summary="Impute, streaming per-step progress",
+)
+async def impute_stream(
+    body: ImputeRequest, service: ServiceDep, request: Request
+) -> StreamingResponse:
+    planned = planning.plan_impute(service.loaded, service.settings, body)
+    return await _stream(service, planned, request, "/impute/stream", encoding.impute_body)

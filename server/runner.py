@@ -1,0 +1,141 @@
+"""Run a planned job on the engine without blocking the event loop ("predict").
+
+The engine resolves each job's ``concurrent.futures.Future`` on its own thread; here it is
+awaited through ``asyncio.wrap_future``. While waiting, the client connection and the deadline
+are checked every ``POLL_S``: a client that went away gets its job cancelled (its rows leave the
+batch at the next step), and a job past its deadline is cancelled and answered 504 even if the
+engine has not noticed yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+
+from sedd.engine import JobHandle, JobProgress, JobResult
+from server.errors import ClientDisconnected, DeadlineExceeded, Draining
+from server.metrics import outcome_for_status
+from server.planning import PlannedJob, finite_or_zero
+from server.state import Service
+
+POLL_S = 0.05
+DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
+
+
+def submit(
+    service: Service,
+    planned: PlannedJob,
+    on_progress: Callable[[JobProgress], None] | None = None,
+) -> JobHandle:
+    """Queue the job; raises the engine's EngineFull / EngineStopped / ValueError."""
+    if service.draining:
+        raise Draining("the server is shutting down and takes no new requests")
+    return service.engine.submit(planned.job, on_progress=on_progress)
+
+
+def _consume(future: asyncio.Future[JobResult]) -> None:
+    """Mark an abandoned job's outcome as seen (asyncio would log it as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def _wait(handle: JobHandle, request: Request, planned: PlannedJob) -> JobResult:
+    future = asyncio.wrap_future(handle.future)
+    future.add_done_callback(_consume)
+    deadline = planned.job.deadline
+    try:
+        while True:
+            done, _ = await asyncio.wait({future}, timeout=POLL_S)
+            if done:
+                return future.result()
+            if await request.is_disconnected():
+                handle.cancel()
+                raise ClientDisconnected("the client disconnected; its job was cancelled")
+            if deadline is not None and time.monotonic() > deadline + DEADLINE_GRACE_S:
+                handle.cancel()
+                raise DeadlineExceeded()
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
+
+
+async def run_job(
+    service: Service, planned: PlannedJob, request: Request, route: str
+) -> tuple[str, JobResult]:
+    """Submit, await and record queue time; returns (job id, result). Engine errors propagate
+    to the app's one mapping (``server.errors.http_error``)."""
+    handle = submit(service, planned)
+    result = await _wait(handle, request, planned)
+    service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
+    return str(handle.job_id), result
+
+
+def sse_event(event: str, data: Any) -> str:
+    """One server-sent event; ``data`` as compact JSON on one line."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), allow_nan=False)}\n\n"
+
+
+async def stream_job(
+    service: Service,
+    planned: PlannedJob,
+    request: Request,
+    route: str,
+    encode: Callable[[JobResult], Any],
+    error_body: Callable[[BaseException], tuple[int, Any]],
+) -> tuple[JobHandle, AsyncIterator[str]]:
+    """Submit now (so a full queue is a plain 429) and return the event stream.
+
+    Events: ``queued`` once, ``progress`` per step ({step, steps, rows, fraction_masked}),
+    then ``result`` (the same body as the JSON route) or ``error`` ({status, detail}).
+    """
+    loop = asyncio.get_running_loop()
+    progress: asyncio.Queue[JobProgress] = asyncio.Queue()
+
+    def on_progress(update: JobProgress) -> None:  # engine thread
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            loop.call_soon_threadsafe(progress.put_nowait, update)
+
+    handle = submit(service, planned, on_progress)
+
+    async def events() -> AsyncIterator[str]:
+        waiter = asyncio.ensure_future(_wait(handle, request, planned))
+        try:
+            yield sse_event("queued", {"job_id": str(handle.job_id)})
+            while not waiter.done() or not progress.empty():
+                getter = asyncio.ensure_future(progress.get())
+                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    update = getter.result()
+                    yield sse_event("progress", _progress_dict(update))
+                else:
+                    getter.cancel()
+            try:
+                result = waiter.result()
+            except Exception as exc:  # every failure becomes an error event, then the end
+                status, detail = error_body(exc)
+                request.scope["sedd.outcome"] = outcome_for_status(status)
+                yield sse_event("error", {"status": status, "detail": detail})
+                return
+            service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
+            yield sse_event("result", encode(result))
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                handle.cancel()
+
+    return handle, events()
+
+
+def _progress_dict(update: JobProgress) -> dict[str, Any]:
+    return {
+        "step": int(update.step),
+        "steps": int(update.steps),
+        "rows": int(update.rows),
+        "fraction_masked": finite_or_zero(float(update.fraction_masked)),
+    }

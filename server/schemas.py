@@ -1,0 +1,283 @@
+"""Request and response bodies, with bounds and OpenAPI examples.
+
+Static bounds here are hard ceilings; the server's own limits (``max_cells_per_request``,
+``max_steps``) are checked when a request is planned (``server.planning``) and written into the
+OpenAPI schema by ``apply_limits``, so clients and schemathesis see the real maxima.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from sedd.config import ModelConfig
+from server.config import Settings
+
+SamplerName = Literal["euler", "analytic"]
+OutputFormat = Literal["json", "h5ad"]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+HARD_MAX_CELLS = 100_000
+HARD_MAX_STEPS = 100_000
+HARD_MAX_GENES = 100_000
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingOptions(_Request):
+    """Fields every sampling route shares."""
+
+    steps: int = Field(default=50, ge=1, le=HARD_MAX_STEPS, description="reverse steps")
+    sampler: SamplerName = Field(default="euler", description="reverse step: euler or analytic")
+    temperature: float = Field(
+        default=1.0, ge=0.05, le=10.0, allow_inf_nan=False, description="1 = the model's law"
+    )
+    seed: int = Field(
+        default=0, ge=0, le=2**63 - 1, description="cell i draws from the stream (seed, i)"
+    )
+    format: OutputFormat = Field(
+        default="json",
+        description="json, or h5ad bytes (also chosen by `Accept: application/x-hdf5`)",
+    )
+    timeout_s: float | None = Field(
+        default=None,
+        ge=1,
+        le=86_400,
+        allow_inf_nan=False,
+        description="deadline for this request; at most the server's request_timeout_s",
+    )
+
+
+class GenerateRequest(SamplingOptions):
+    """Whole cells of one condition (conditional models; the control when left out)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"num_cells": 2, "steps": 10, "condition": "CD19+ B", "seed": 1}]
+        }
+    )
+
+    num_cells: int = Field(default=1, ge=1, le=HARD_MAX_CELLS, description="cells to generate")
+    condition: Name | None = Field(
+        default=None, description="perturbation name; default: the model's control label"
+    )
+    cell_type: Name | None = Field(default=None, description="cell type (models that have them)")
+
+
+class PredictRequest(SamplingOptions):
+    """Cells for each perturbation, their per-gene means and the shift versus control."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "perturbations": ["CD19+ B", "CD56+ NK"],
+                    "cells_per_perturbation": 2,
+                    "include_control": True,
+                    "steps": 10,
+                }
+            ]
+        }
+    )
+
+    perturbations: list[Name] = Field(min_length=1, max_length=1000)
+    cells_per_perturbation: int = Field(default=1, ge=1, le=HARD_MAX_CELLS)
+    cell_type: Name | None = None
+    include_control: bool = Field(
+        default=True, description="also generate control cells (with the control label)"
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> PredictRequest:
+        if len(set(self.perturbations)) != len(self.perturbations):
+            raise ValueError("`perturbations` must not repeat a name")
+        return self
+
+
+class ImputeRequest(SamplingOptions):
+    """Counts for some genes of some cells; the other genes are sampled given them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"genes": ["CD3D", "LYZ"], "counts": [[2, 0], [0, 7]], "steps": 10}]
+        }
+    )
+
+    genes: list[Name] = Field(min_length=1, max_length=HARD_MAX_GENES)
+    counts: list[list[Count]] = Field(
+        min_length=1, max_length=HARD_MAX_CELLS, description="one row per cell, one per gene"
+    )
+    condition: Name | None = None
+    cell_type: Name | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ImputeRequest:
+        if len(set(self.genes)) != len(self.genes):
+            raise ValueError("`genes` must not repeat a name")
+        for i, row in enumerate(self.counts):
+            if len(row) != len(self.genes):
+                raise ValueError(
+                    f"`counts` row {i} has {len(row)} values but `genes` names {len(self.genes)}"
+                )
+        return self
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class PrecisionRecord(BaseModel):
+    """PRECISION.md rule 8; ``fp32_fallbacks`` counts this request's rows only."""
+
+    amp_dtype: str
+    weight_dtype: str
+    tf32: bool
+    device: str
+    torch_version: str
+    fp32_fallbacks: int
+
+
+class ResponseMetadata(BaseModel):
+    job_id: str
+    seed: int
+    steps: int
+    sampler: SamplerName
+    temperature: float
+    precision: PrecisionRecord
+    queue_seconds: float
+    compute_seconds: float
+    forwards: int
+    checkpoint_sha256: str
+
+
+class CellLabels(BaseModel):
+    perturbation: str | None = None
+    sample_idx: int
+    cell_type: str | None = None
+
+
+class GenerateResponse(BaseModel):
+    genes: list[str]
+    counts: list[list[int]] = Field(description="(cells, genes) integer counts")
+    cells: list[CellLabels]
+    metadata: ResponseMetadata
+
+
+class PerturbationResult(BaseModel):
+    name: str
+    is_control: bool
+    counts: list[list[int]]
+    mean: list[float] = Field(description="per-gene mean count over this perturbation's cells")
+    shift_vs_control: list[float] | None = Field(
+        default=None, description="mean minus the control's mean (when control cells exist)"
+    )
+
+
+class PredictResponse(BaseModel):
+    genes: list[str]
+    control: str | None
+    perturbations: list[PerturbationResult]
+    metadata: ResponseMetadata
+
+
+class ImputeResponse(BaseModel):
+    genes: list[str]
+    counts: list[list[int]] = Field(description="given counts kept, the rest sampled")
+    observed_genes: list[str]
+    cells: list[CellLabels]
+    metadata: ResponseMetadata
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    path: str
+    architecture: str
+    num_parameters: int
+    num_genes: int
+    genes: list[str]
+    max_count: int
+    perturbations: list[str] | None
+    control_label: str | None
+    cell_types: list[str] | None
+    checkpoint_sha256: str
+    precision: PrecisionRecord
+    limits: dict[str, float | int]
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    status: Literal["ready"] = "ready"
+    queued_jobs: int
+    active_jobs: int
+    active_rows: int
+    seconds_since_step: float | None
+
+
+class ErrorBody(BaseModel):
+    detail: str | list[dict[str, Any]]
+
+
+def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """The schema of an optional field's value (its non-null ``anyOf`` branch)."""
+    if "anyOf" in prop:
+        return next(p for p in prop["anyOf"] if p.get("type") != "null")
+    return prop
+
+
+def apply_limits(
+    schema: dict[str, Any], settings: Settings, config: ModelConfig | None = None
+) -> dict[str, Any]:
+    """Write the server's limits and the served model's names into the OpenAPI ``schema`` (in
+    place; returned), so a client sees which values can succeed."""
+    components = schema.get("components", {}).get("schemas", {})
+
+    def prop(model: str, field: str) -> dict[str, Any] | None:
+        return components.get(model, {}).get("properties", {}).get(field)
+
+    for model in ("GenerateRequest", "PredictRequest", "ImputeRequest"):
+        for field, limit in (
+            ("steps", settings.max_steps),
+            ("timeout_s", settings.request_timeout_s),
+        ):
+            if (found := prop(model, field)) is not None:
+                _non_null(found)["maximum"] = limit
+    cells = settings.max_cells_per_request
+    for model, field, key in (
+        ("GenerateRequest", "num_cells", "maximum"),
+        ("PredictRequest", "cells_per_perturbation", "maximum"),
+        ("ImputeRequest", "counts", "maxItems"),
+    ):
+        if (found := prop(model, field)) is not None:
+            found[key] = cells
+    if config is not None:
+        _apply_model_names(prop, config)
+    return schema
+
+
+def _apply_model_names(prop: Any, config: ModelConfig) -> None:
+    names, cell_types = config.perturbations, config.cell_types
+    for model in ("GenerateRequest", "PredictRequest", "ImputeRequest"):
+        condition, cell_type = prop(model, "condition"), prop(model, "cell_type")
+        if condition is not None and names is not None:
+            _non_null(condition)["enum"] = list(names)
+        if cell_type is not None and cell_types:
+            _non_null(cell_type)["enum"] = list(cell_types)
+    if (found := prop("PredictRequest", "perturbations")) is not None and names is not None:
+        found["items"]["enum"] = list(names)
+        found.update(maxItems=len(names), uniqueItems=True)
+    if (found := prop("ImputeRequest", "genes")) is not None:
+        found["items"]["enum"] = list(config.genes)
+        found.update(maxItems=len(config.genes), uniqueItems=True)
+    if (found := prop("ImputeRequest", "counts")) is not None:
+        found["items"]["items"]["maximum"] = config.tokens.max_count

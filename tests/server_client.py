@@ -1,0 +1,51 @@
+"""Run the app in-process for tests: lifespan + an httpx client on the ASGI transport."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from server.app import create_app
+from server.config import Settings
+from server.state import Service
+
+
+def make_settings(model: Path, **overrides: Any) -> Settings:
+    """Small limits, fp32 on CPU (so results match a solo run bit for bit)."""
+    values: dict[str, Any] = {
+        "model": model,
+        "device": "cpu",
+        "precision": "fp32",
+        "max_cells_per_request": 8,
+        "max_steps": 20,
+        "max_body_bytes": 4096,
+        "max_queued_jobs": 64,
+        "max_rows_per_forward": 64,
+        "request_timeout_s": 30.0,
+        "api_key": None,
+    }
+    return Settings(**{**values, **overrides})
+
+
+def slow_down(service: Service, seconds: float) -> None:
+    """Every model forward sleeps ``seconds`` first (queueing and deadline tests)."""
+    service.loaded.model.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+
+
+@asynccontextmanager
+async def served(
+    settings: Settings, *, slow_s: float = 0.0
+) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        if slow_s:
+            slow_down(app.state.service, slow_s)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sedd.test") as client:
+            yield client, app

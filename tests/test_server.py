@@ -1,0 +1,388 @@
+"""The HTTP service: every route, its validation errors and limits, auth, metrics, SSE, h5ad.
+
+The app runs in-process on a tiny conditional model (12 genes, counts 0..5, 5 labels, 2 cell
+types) saved in the native format; results are checked against ``sedd.generate.generate``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import anndata
+import numpy as np
+import pytest
+import torch
+from server_client import make_settings, served
+from server_models import GENES, NUM_BINS, save_tiny_model
+
+from sedd.checkpoint import load_checkpoint
+from sedd.generate import GenerationRequest, generate, make_sampler
+from sedd.precision import resolve_precision
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("server") / "tiny")
+
+
+def solo_counts(model_dir: Path, **request: object) -> np.ndarray:
+    """The same request run alone through the library (no server, no batching)."""
+    loaded = load_checkpoint(model_dir)
+    precision = resolve_precision("fp32", "cpu")
+    return generate(loaded, GenerationRequest(**request), precision).counts  # type: ignore[arg-type]
+
+
+async def test_healthz_needs_no_key_and_readyz_reports_an_idle_engine(model_dir: Path) -> None:
+    async with served(make_settings(model_dir, api_key="s3cret")) as (client, _):
+        health = await client.get("/healthz")
+        assert (health.status_code, health.json()) == (200, {"status": "ok"})
+        ready = await client.get("/readyz", headers={"Authorization": "Bearer s3cret"})
+        assert ready.status_code == 200
+        assert ready.json() == {
+            "status": "ready",
+            "queued_jobs": 0,
+            "active_jobs": 0,
+            "active_rows": 0,
+            "seconds_since_step": None,
+        }
+
+
+async def test_api_key_is_required_on_every_route_but_healthz(model_dir: Path) -> None:
+    async with served(make_settings(model_dir, api_key="s3cret")) as (client, _):
+        body = {"num_cells": 1, "steps": 2}
+        for method, url in (
+            ("GET", "/readyz"),
+            ("GET", "/v1/models"),
+            ("GET", "/metrics"),
+            ("POST", "/generate"),
+        ):
+            missing = await client.request(method, url, json=body if method == "POST" else None)
+            assert missing.status_code == 401, url
+            assert missing.headers["www-authenticate"] == "Bearer"
+            assert missing.json() == {
+                "detail": "missing bearer API key: send `Authorization: Bearer <key>`."
+            }
+        wrong = await client.post("/generate", json=body, headers={"Authorization": "Bearer no"})
+        assert (wrong.status_code, wrong.json()) == (401, {"detail": "invalid API key."})
+        right = await client.post(
+            "/generate", json=body, headers={"Authorization": "Bearer s3cret"}
+        )
+        assert right.status_code == 200
+
+
+async def test_generate_equals_a_solo_library_run_and_reports_metadata(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        body = {"num_cells": 3, "steps": 6, "condition": "KRAS", "cell_type": "B", "seed": 7}
+        response = await client.post("/generate", json=body)
+    assert response.status_code == 200
+    data = response.json()
+    expected = solo_counts(
+        model_dir, cells_per_condition=3, conditions=("KRAS",), cell_type="B", steps=6, seed=7
+    )
+    assert data["genes"] == GENES
+    np.testing.assert_array_equal(np.array(data["counts"]), expected)
+    assert data["cells"] == [
+        {"perturbation": "KRAS", "sample_idx": i, "cell_type": "B"} for i in range(3)
+    ]
+    meta = data["metadata"]
+    assert {k: meta[k] for k in ("seed", "steps", "sampler", "temperature", "forwards")} == {
+        "seed": 7,
+        "steps": 6,
+        "sampler": "euler",
+        "temperature": 1.0,
+        "forwards": 7,
+    }
+    assert meta["precision"]["amp_dtype"] == "fp32" and meta["precision"]["fp32_fallbacks"] == 0
+    assert meta["queue_seconds"] >= 0 and meta["compute_seconds"] > 0
+    assert len(meta["checkpoint_sha256"]) == 64
+
+
+async def test_generate_without_condition_uses_the_control_label(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        response = await client.post("/generate", json={"num_cells": 2, "steps": 3})
+    assert [c["perturbation"] for c in response.json()["cells"]] == ["ctrl", "ctrl"]
+    expected = solo_counts(model_dir, cells_per_condition=2, conditions=("ctrl",), steps=3)
+    np.testing.assert_array_equal(np.array(response.json()["counts"]), expected)
+
+
+async def test_predict_returns_cells_means_and_shift_versus_control(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        body = {"perturbations": ["KRAS", "TP53"], "cells_per_perturbation": 2, "steps": 4}
+        response = await client.post("/predict", json=body)
+    assert response.status_code == 200
+    data = response.json()
+    expected = solo_counts(
+        model_dir, cells_per_condition=2, conditions=("KRAS", "TP53", "ctrl"), steps=4
+    )
+    groups = data["perturbations"]
+    assert [(g["name"], g["is_control"]) for g in groups] == [
+        ("KRAS", False),
+        ("TP53", False),
+        ("ctrl", True),
+    ]
+    assert data["control"] == "ctrl"
+    got = np.concatenate([np.array(g["counts"]) for g in groups])
+    np.testing.assert_array_equal(got, expected)
+    control_mean = expected[4:].mean(axis=0)
+    for i, group in enumerate(groups):
+        mean = expected[2 * i : 2 * i + 2].mean(axis=0)
+        np.testing.assert_allclose(group["mean"], mean)
+        np.testing.assert_allclose(group["shift_vs_control"], mean - control_mean)
+
+
+async def test_predict_unknown_perturbation_is_422_naming_it_with_suggestions(
+    model_dir: Path,
+) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        response = await client.post("/predict", json={"perturbations": ["KRAS", "tp5"]})
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": [
+            {
+                "type": "unknown_perturbation",
+                "loc": ["body", "perturbations", 1],
+                "msg": "unknown perturbation 'tp5'; did you mean 'TP53'? The model knows 5: "
+                "'ctrl', 'KRAS', 'TP53', 'MYC', 'BAD'.",
+                "input": "tp5",
+                "ctx": {"suggestions": ["TP53"]},
+            }
+        ]
+    }
+
+
+async def test_impute_keeps_given_counts_and_matches_a_solo_sampler_run(model_dir: Path) -> None:
+    counts = [[1, 5], [0, 2]]
+    async with served(make_settings(model_dir)) as (client, _):
+        body = {"genes": ["GENE3", "GENE0"], "counts": counts, "steps": 5, "seed": 3}
+        response = await client.post("/impute", json=body)
+    assert response.status_code == 200
+    data = response.json()
+    got = np.array(data["counts"])
+    np.testing.assert_array_equal(got[:, [3, 0]], np.array(counts))
+    assert data["observed_genes"] == ["GENE3", "GENE0"]
+    loaded = load_checkpoint(model_dir)
+    x_init = torch.full((2, len(GENES)), NUM_BINS, dtype=torch.long)
+    x_init[:, [3, 0]] = torch.tensor(counts)
+    fixed = x_init != NUM_BINS
+    sampler = make_sampler(loaded, "euler", resolve_precision("fp32", "cpu"))
+    solo = sampler.sample(steps=5, seed=3, x_init=x_init, fixed=fixed, labels=torch.tensor([0, 0]))
+    np.testing.assert_array_equal(got, solo.numpy())
+
+
+async def test_impute_unknown_gene_and_out_of_range_count_are_422(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        unknown = await client.post(
+            "/impute", json={"genes": ["GENE1", "GENE99"], "counts": [[1, 1]]}
+        )
+        too_big = await client.post("/impute", json={"genes": ["GENE1"], "counts": [[2], [6]]})
+    assert unknown.status_code == 422
+    [error] = unknown.json()["detail"]
+    assert (error["type"], error["loc"], error["input"]) == (
+        "unknown_gene",
+        ["body", "genes", 1],
+        "GENE99",
+    )
+    assert error["msg"].startswith("unknown gene 'GENE99'; did you mean 'GENE9'")
+    assert too_big.status_code == 422
+    [error] = too_big.json()["detail"]
+    assert (error["type"], error["loc"], error["ctx"]) == (
+        "count_out_of_range",
+        ["body", "counts"],
+        {"max_count": 5},
+    )
+    assert error["msg"].startswith(
+        "1 count value(s) are out of range for this model (max count 6, first at cell 1, "
+        "gene 'GENE1')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "loc", "msg"),
+    [
+        (
+            "/generate",
+            {"num_cells": 0},
+            ["body", "num_cells"],
+            "Input should be greater than or equal to 1",
+        ),
+        (
+            "/generate",
+            {"num_cells": 9},
+            ["body", "num_cells"],
+            "the request asks for 9 cells; the limit is 8 (max_cells_per_request)",
+        ),
+        (
+            "/generate",
+            {"steps": 21},
+            ["body", "steps"],
+            "Input should be less than or equal to 20 (max_steps)",
+        ),
+        (
+            "/generate",
+            {"temperature": 0},
+            ["body", "temperature"],
+            "Input should be greater than or equal to 0.05",
+        ),
+        (
+            "/generate",
+            {"sampler": "ddpm"},
+            ["body", "sampler"],
+            "Input should be 'euler' or 'analytic'",
+        ),
+        (
+            "/generate",
+            {"condition": "KRAS", "extra": 1},
+            ["body", "extra"],
+            "Extra inputs are not permitted",
+        ),
+        (
+            "/predict",
+            {"perturbations": ["KRAS", "TP53"], "cells_per_perturbation": 3},
+            ["body", "cells_per_perturbation"],
+            "the request asks for 9 cells; the limit is 8 (max_cells_per_request)",
+        ),
+        (
+            "/generate",
+            {"cell_type": "NK"},
+            ["body", "cell_type"],
+            "unknown cell type 'NK' The model knows 2: 'T', 'B'.",
+        ),
+    ],
+)
+async def test_field_bounds_are_422_naming_the_field(
+    model_dir: Path, url: str, body: dict, loc: list, msg: str
+) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        response = await client.post(url, json=body)
+    assert response.status_code == 422
+    [error] = response.json()["detail"]
+    assert (error["loc"], error["msg"]) == (loc, msg)
+
+
+async def test_body_over_max_body_bytes_is_413_declared_or_streamed(model_dir: Path) -> None:
+    big = json.dumps({"genes": GENES, "counts": [[1] * 12] * 400}).encode()
+    detail = "request body exceeds max_body_bytes=4096 bytes"
+
+    async def chunks():  # no Content-Length: the size is only known while streaming
+        for lo in range(0, len(big), 1000):
+            yield big[lo : lo + 1000]
+
+    async with served(make_settings(model_dir)) as (client, _):
+        declared = await client.post("/impute", content=big)
+        streamed = await client.post("/impute", content=chunks())
+    assert declared.status_code == 413
+    assert declared.json() == {
+        "detail": f"{detail} (got at least {len(big)} bytes); send fewer cells or genes."
+    }
+    assert streamed.status_code == 413
+    assert streamed.json()["detail"].startswith(detail)
+
+
+async def test_h5ad_by_format_field_or_accept_header(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        body = {"num_cells": 2, "steps": 3, "condition": "MYC"}
+        as_json = (await client.post("/generate", json=body)).json()
+        by_field = await client.post("/generate", json={**body, "format": "h5ad"})
+        by_header = await client.post(
+            "/predict",
+            json={"perturbations": ["MYC"], "steps": 3},
+            headers={"Accept": "application/x-hdf5"},
+        )
+    assert by_field.headers["content-type"] == "application/x-hdf5"
+    adata = anndata.read_h5ad(io.BytesIO(by_field.content))
+    np.testing.assert_array_equal(
+        np.asarray(adata.X.todense() if hasattr(adata.X, "todense") else adata.X), as_json["counts"]
+    )
+    assert list(adata.var_names) == GENES
+    assert list(adata.obs["perturbation"]) == ["MYC", "MYC"]
+    assert adata.uns["sedd"]["steps"] == 3 and adata.uns["sedd"]["precision"]["amp_dtype"] == "fp32"
+    predicted = anndata.read_h5ad(io.BytesIO(by_header.content))
+    assert list(predicted.obs["perturbation"]) == ["MYC", "ctrl"]
+
+
+async def test_stream_sends_queued_progress_per_step_then_the_result(model_dir: Path) -> None:
+    body = {"num_cells": 2, "steps": 3, "condition": "TP53"}
+    async with served(make_settings(model_dir)) as (client, _):
+        plain = (await client.post("/generate", json=body)).json()
+        async with client.stream("POST", "/generate/stream", json=body) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            text = "".join([chunk async for chunk in response.aiter_text()])
+    events = [
+        (block.split("\n")[0].removeprefix("event: "), json.loads(block.split("\n")[1][6:]))
+        for block in text.strip().split("\n\n")
+    ]
+    names = [name for name, _ in events]
+    assert names[0] == "queued" and names[-1] == "result"
+    steps = [data["step"] for name, data in events if name == "progress"]
+    assert steps == [1, 2, 3, 4]
+    assert all(data["steps"] == 4 for name, data in events if name == "progress")
+    assert events[-1][1]["counts"] == plain["counts"]
+
+
+async def test_stream_reports_an_unknown_name_before_streaming(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        response = await client.post("/predict/stream", json={"perturbations": ["KRAZ"]})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["ctx"] == {"suggestions": ["KRAS"]}
+
+
+async def test_model_card_lists_genes_labels_control_precision_and_hash(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        card = (await client.get("/v1/models")).json()["data"][0]
+    assert (card["id"], card["num_genes"], card["max_count"]) == ("tiny", 12, 5)
+    assert card["perturbations"] == ["ctrl", "KRAS", "TP53", "MYC", "BAD"]
+    assert (card["control_label"], card["cell_types"]) == ("ctrl", ["T", "B"])
+    assert card["precision"]["amp_dtype"] == "fp32"
+    assert card["checkpoint_sha256"] == load_checkpoint(model_dir).file_hash
+    assert card["limits"]["max_cells_per_request"] == 8
+
+
+async def test_metrics_count_requests_by_route_and_outcome(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        await client.post("/generate", json={"num_cells": 2, "steps": 3})
+        await client.post("/generate", json={"num_cells": 0})
+        text = (await client.get("/metrics")).text
+    for line in (
+        'sedd_requests_total{outcome="ok",route="/generate"} 1.0',
+        'sedd_requests_total{outcome="rejected",route="/generate"} 1.0',
+        'sedd_queue_seconds_count{route="/generate"} 1.0',
+        'sedd_request_seconds_count{route="/generate"} 2.0',
+        'sedd_jobs_total{outcome="ok"} 1.0',
+        "sedd_cells_generated_total 2.0",
+        "sedd_tokens_generated_total 24.0",
+        "sedd_rows_per_forward_count 4.0",
+        "sedd_rows_per_forward_sum 8.0",
+        "sedd_step_seconds_count 4.0",
+        "sedd_fp32_fallbacks_total 0.0",
+        "sedd_cells_per_second 0.0333",
+        'sedd_engine{quantity="active_rows"} 0.0',
+    ):
+        assert line in text, line
+    assert 'sedd_memory_bytes{kind="process_rss"}' in text
+    assert 'sedd_memory_bytes{kind="process_rss_peak"}' in text
+
+
+async def test_openapi_carries_the_server_limits_and_examples(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        schema = (await client.get("/openapi.json")).json()
+    generate_schema = schema["components"]["schemas"]["GenerateRequest"]
+    assert generate_schema["properties"]["num_cells"]["maximum"] == 8
+    assert generate_schema["properties"]["steps"]["maximum"] == 20
+    assert generate_schema["examples"][0]["num_cells"] == 2
+    impute = schema["components"]["schemas"]["ImputeRequest"]["properties"]
+    assert impute["counts"]["maxItems"] == 8 and impute["counts"]["items"]["items"]["maximum"] == 5
+    assert impute["genes"]["items"]["enum"] == GENES
+    predict = schema["components"]["schemas"]["PredictRequest"]["properties"]
+    assert predict["perturbations"]["items"]["enum"] == ["ctrl", "KRAS", "TP53", "MYC", "BAD"]
+    assert {"/generate", "/generate/stream", "/predict", "/predict/stream", "/impute"} <= set(
+        schema["paths"]
+    )

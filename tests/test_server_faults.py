@@ -1,0 +1,215 @@
+"""The service under load and faults: concurrency, a full queue, deadlines, disconnects, NaN,
+draining on shutdown, and ``sedd serve`` settings."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from server_client import make_settings, served, slow_down
+from server_models import save_tiny_model
+
+from sedd.checkpoint import load_checkpoint
+from sedd.cli import main
+from sedd.generate import GenerationRequest, generate
+from sedd.precision import resolve_precision
+from server.app import create_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("faults") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def nan_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("faults") / "nan", nan_label="BAD")
+
+
+async def test_concurrent_clients_each_get_their_solo_result(model_dir: Path) -> None:
+    requests = [
+        {
+            "num_cells": 1 + i % 3,
+            "steps": 3 + i % 4,
+            "condition": ["ctrl", "KRAS", "TP53", "MYC"][i % 4],
+            "sampler": "analytic" if i % 2 else "euler",
+            "temperature": 0.8 if i % 5 == 0 else 1.0,
+            "seed": i,
+        }
+        for i in range(12)
+    ]
+    async with served(make_settings(model_dir, max_rows_per_forward=8)) as (client, _):
+        responses = await asyncio.gather(*(client.post("/generate", json=r) for r in requests))
+    loaded = load_checkpoint(model_dir)
+    precision = resolve_precision("fp32", "cpu")
+    for body, response in zip(requests, responses, strict=True):
+        assert response.status_code == 200
+        solo = generate(
+            loaded,
+            GenerationRequest(
+                cells_per_condition=body["num_cells"],
+                conditions=(body["condition"],),
+                steps=body["steps"],
+                sampler=body["sampler"],
+                temperature=body["temperature"],
+                seed=body["seed"],
+            ),
+            precision,
+        )
+        np.testing.assert_array_equal(np.array(response.json()["counts"]), solo.counts)
+
+
+async def test_full_queue_is_429_with_retry_after_and_a_json_body(model_dir: Path) -> None:
+    settings = make_settings(model_dir, max_queued_jobs=1, max_rows_per_forward=2)
+    async with served(settings, slow_s=0.02) as (client, _):
+        body = {"num_cells": 2, "steps": 6}
+        responses = await asyncio.gather(*(client.post("/generate", json=body) for _ in range(6)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 1
+    assert set(statuses) == {200, 429}
+    rejected = next(r for r in responses if r.status_code == 429)
+    assert int(rejected.headers["retry-after"]) >= 1
+    retry = rejected.headers["retry-after"]
+    assert rejected.json() == {
+        "detail": f"the request queue is full (max_queued_jobs); retry after {retry} s."
+    }
+
+
+async def test_deadline_is_504(model_dir: Path) -> None:
+    async with served(make_settings(model_dir), slow_s=0.1) as (client, app):
+        body = {"num_cells": 1, "steps": 20, "timeout_s": 1}
+        response = await client.post("/generate", json=body)
+        metrics = (await client.get("/metrics")).text
+        assert app.state.service.engine.active_jobs == 0
+    assert response.status_code == 504
+    assert response.json() == {
+        "detail": "the request did not finish within its deadline; ask for fewer cells or "
+        "steps, or raise timeout_s (up to the server's request_timeout_s)."
+    }
+    assert 'sedd_requests_total{outcome="timeout",route="/generate"} 1.0' in metrics
+    assert 'sedd_jobs_total{outcome="timeout"} 1.0' in metrics
+
+
+async def test_client_disconnect_cancels_the_job(model_dir: Path) -> None:
+    app = create_app(make_settings(model_dir))
+    async with app.router.lifespan_context(app):
+        service = app.state.service
+        slow_down(service, 0.05)
+        body = json.dumps({"num_cells": 2, "steps": 20}).encode()
+        messages: list[dict[str, Any]] = [{"type": "http.request", "body": body}]
+
+        hang_up_at = time.monotonic() + 0.3  # the client hangs up while its job runs
+
+        async def receive() -> dict[str, Any]:  # like uvicorn's: disconnect once it happened
+            if messages:
+                return messages.pop()
+            if time.monotonic() < hang_up_at:
+                await asyncio.sleep(hang_up_at - time.monotonic())
+            return {"type": "http.disconnect"}
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/generate",
+            "raw_path": b"/generate",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"sedd.test")],
+            "client": ("127.0.0.1", 1),
+            "server": ("sedd.test", 80),
+        }
+        await asyncio.wait_for(app(scope, receive, send), timeout=10)
+        assert sent[0]["status"] == 499
+        cancelled = 'sedd_jobs_total{outcome="cancelled"} 1.0'
+        for _ in range(200):  # the engine drops the rows at its next step boundary
+            metrics = service.metrics.render().decode()
+            if cancelled in metrics:
+                break
+            await asyncio.sleep(0.02)
+        assert service.engine.active_jobs == 0
+    assert cancelled in metrics
+    assert 'sedd_requests_total{outcome="cancelled",route="/generate"} 1.0' in metrics
+
+
+async def test_nan_for_one_label_fails_only_that_request(nan_model_dir: Path) -> None:
+    async with served(make_settings(nan_model_dir)) as (client, _):
+        good_body = {"num_cells": 2, "steps": 4, "condition": "KRAS", "seed": 5}
+        bad, good = await asyncio.gather(
+            client.post("/generate", json={"num_cells": 2, "steps": 4, "condition": "BAD"}),
+            client.post("/generate", json=good_body),
+        )
+        after = await client.post("/generate", json=good_body)
+    assert bad.status_code == 500
+    assert bad.json() == {
+        "detail": "the model produced NaN/Inf scores for this request even in fp32; no cells "
+        "were returned. Other requests are unaffected; check the checkpoint weights."
+    }
+    assert "NaN" not in good.text and good.status_code == after.status_code == 200
+    solo = generate(
+        load_checkpoint(nan_model_dir),
+        GenerationRequest(cells_per_condition=2, conditions=("KRAS",), steps=4, seed=5),
+        resolve_precision("fp32", "cpu"),
+    )
+    np.testing.assert_array_equal(np.array(good.json()["counts"]), solo.counts)
+    np.testing.assert_array_equal(np.array(after.json()["counts"]), solo.counts)
+
+
+async def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(model_dir: Path) -> None:
+    async with served(make_settings(model_dir), slow_s=0.02) as (client, app):
+        lifespan = app.router.lifespan_context(app)
+        await lifespan.__aenter__()  # a second lifespan stands in for uvicorn's on SIGTERM
+        in_flight = asyncio.create_task(
+            client.post("/generate", json={"num_cells": 2, "steps": 10})
+        )
+        await asyncio.sleep(0.1)
+        stopping = asyncio.create_task(lifespan.__aexit__(None, None, None))
+        await asyncio.sleep(0.02)
+        refused = await client.post("/generate", json={"num_cells": 1, "steps": 2})
+        finished = await in_flight
+        await stopping
+    assert finished.status_code == 200 and len(finished.json()["counts"]) == 2
+    assert refused.status_code == 503
+    assert int(refused.headers["retry-after"]) == 5
+    assert refused.json() == {"detail": "the server is shutting down and takes no new requests"}
+
+
+def test_serve_flags_override_the_environment(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_run(app: Any, **kwargs: Any) -> None:
+        seen.update(kwargs, settings=app.state.settings)
+
+    monkeypatch.setattr("uvicorn.run", fake_run)
+    monkeypatch.setenv("SEDD_PORT", "9001")
+    monkeypatch.setenv("SEDD_MAX_STEPS", "7")
+    monkeypatch.setenv("SEDD_API_KEY", "from-env")
+    with contextlib.redirect_stdout(None):
+        assert main(["serve", "--model", str(model_dir), "--port", "9002"]) == 0
+    settings = seen["settings"]
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 9002)
+    assert (settings.model, settings.max_steps) == (model_dir, 7)
+    assert settings.api_key.get_secret_value() == "from-env"
+    assert "from-env" not in repr(settings)
