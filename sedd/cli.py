@@ -8,7 +8,17 @@ import sys
 from collections.abc import Sequence
 
 # Sub-command modules, each with ``register(subparsers)`` that sets ``func`` on its parser.
-_COMMAND_MODULES = ("generate", "bench", "checkpoints", "evaluate", "train")
+_COMMAND_MODULES = (
+    "generate",
+    "predict",
+    "merge",
+    "bench",
+    "checkpoints",
+    "evaluate",
+    "train",
+    "serve",
+    "precision_report",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

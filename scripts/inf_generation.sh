@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# inf_generation.sh - generate cells with `sedd generate`, in shards.
+#
+# st3's environment variables (EXPERIMENT_DIR required):
+#   EXPERIMENT_DIR   model: st3 experiment dir (args.json + best.pt ...) or native model dir
+#   CHECKPOINT       file inside it (st3: best.pt / final.pt / epoch_N.pt; default: best)
+#   NUM_GENERATE     cells to generate (per condition for conditional models)   (default 1000)
+#   CELL_TYPE        condition every cell on this cell type                     (default: none)
+#   NUM_STEPS        reverse diffusion steps                                    (default 50)
+#   TEMPERATURE      sampling temperature                                       (default 1.0)
+#   SEED             cell i draws from the random stream (SEED, i)              (default 0)
+#   PRECISION        auto | bf16 | fp16 | fp32 (auto = bf16 where fast)         (default auto)
+#   BATCH_SIZE       cells per model forward                                    (default 64)
+#   OUTPUT_DIR       shards + merged file                 (default $EXPERIMENT_DIR/inference)
+#   MERGED_FILE      merged h5ad                 (default $OUTPUT_DIR/generated_cells.h5ad)
+#   NUM_SHARDS, SHARD_INDEX, SUBMIT_MERGE, SEDD: see scripts/sharded_run.sh
+#
+# Without SLURM it runs every shard in turn and merges:
+#   EXPERIMENT_DIR=models/pbmc_default NUM_GENERATE=20 bash scripts/inf_generation.sh
+# On SLURM, slurm/inf_gen.sbatch runs it once per array task (one shard each).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/sharded_run.sh"
+
+require_experiment_dir slurm/inf_gen.sbatch
+OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference}
+MERGED_FILE=${MERGED_FILE:-$OUTPUT_DIR/generated_cells.h5ad}
+
+cmd=("$(sedd_executable)" generate --model "$EXPERIMENT_DIR" --cells "${NUM_GENERATE:-1000}"
+  --steps "${NUM_STEPS:-50}" --temperature "${TEMPERATURE:-1.0}" --seed "${SEED:-0}"
+  --precision "${PRECISION:-auto}" --batch-size "${BATCH_SIZE:-64}" --out-dir "$OUTPUT_DIR")
+[[ -z ${CHECKPOINT:-} ]] || cmd+=(--checkpoint "$CHECKPOINT")
+[[ -z ${CELL_TYPE:-} ]] || cmd+=(--cell-type "$CELL_TYPE")
+
+echo "$(date -Is) $(hostname -s): ${cmd[*]}"
+run_sharded "${cmd[@]}"

@@ -1,0 +1,224 @@
+"""A small run monitor shared by the CLIs and the server: throughput, memory, GPU utilisation.
+
+``Monitor`` counts model forwards, rows and finished cells from the moment it starts, and
+``snapshot()`` turns them into rates with the memory of the moment:
+
+- cells/s, tokens/s (cells x genes per second) and forwards/s over the elapsed wall time;
+- memory: on CUDA, current and peak ``torch.cuda`` allocations since ``start``; always the
+  process's current resident set size and its peak over the process lifetime (``ru_maxrss``);
+- GPU utilisation and device memory from NVML, only when ``pynvml`` (package ``nvidia-ml-py``)
+  imports and the monitored device is a CUDA GPU; otherwise those fields are ``None``.
+
+Hook it into a sampler with ``on_step=monitor.on_step`` (one call per model forward) and call
+``add_cells(n)`` when a batch finishes. ``sedd.monitoring.PeakMemory`` remains the tool for the
+peak memory of one block.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+
+from sedd.monitoring import _rss_bytes
+
+_MIB = 2**20
+
+
+class _StepLike(Protocol):
+    rows: int
+
+
+def process_peak_rss_bytes() -> int:
+    """The process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class NvmlProbe:
+    """GPU utilisation and memory of one CUDA device through NVML; ``None`` when unavailable.
+
+    ``NvmlProbe.open(device)`` returns ``None`` unless ``pynvml`` imports, NVML initialises and
+    ``device`` is a CUDA device: NVML is never required.
+    """
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml = nvml
+        self._handle = handle
+
+    @classmethod
+    def open(cls, device: torch.device) -> NvmlProbe | None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+            return cls(pynvml, cls._handle_for(pynvml, device))
+        except pynvml.NVMLError:
+            return None
+
+    @staticmethod
+    def _handle_for(nvml: Any, device: torch.device) -> Any:
+        # torch numbers devices after CUDA_VISIBLE_DEVICES, NVML does not: match by UUID.
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except nvml.NVMLError:
+                pass
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> dict[str, float]:
+        """``gpu_utilization_pct`` (busy share of the last sample period) and device memory."""
+        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+        mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        return {
+            "gpu_utilization_pct": float(util.gpu),
+            "gpu_memory_used_mib": mem.used / _MIB,
+            "gpu_memory_total_mib": mem.total / _MIB,
+        }
+
+
+@dataclass(frozen=True)
+class MonitorSnapshot:
+    """What ``Monitor.snapshot`` reports; ``as_dict`` is what goes into metrics JSON."""
+
+    seconds: float
+    cells: int
+    tokens: int
+    forwards: int
+    rows: int  # batch rows summed over forwards (forward rows/s = rows / seconds)
+    cells_per_s: float
+    tokens_per_s: float
+    forwards_per_s: float
+    memory_kind: str  # "cuda_allocated" or "process_rss"
+    memory_current_mib: float
+    memory_peak_mib: float
+    process_rss_mib: float
+    process_peak_rss_mib: float
+    gpu_utilization_pct: float | None = None
+    gpu_memory_used_mib: float | None = None
+    gpu_memory_total_mib: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        gpu = (
+            f", GPU {self.gpu_utilization_pct:.0f}% busy"
+            if self.gpu_utilization_pct is not None
+            else ""
+        )
+        return (
+            f"{self.cells} cells in {self.seconds:.1f} s: {self.cells_per_s:.2f} cells/s, "
+            f"{self.tokens_per_s:.0f} tokens/s, {self.forwards_per_s:.1f} forwards/s, memory "
+            f"{self.memory_current_mib:.0f} MiB now / {self.memory_peak_mib:.0f} MiB peak "
+            f"[{self.memory_kind}]{gpu}"
+        )
+
+
+class Monitor:
+    """Counts forwards and cells of one run (or a server's lifetime); thread-safe.
+
+    ``num_genes`` turns cells into tokens. ``clock`` is injectable for tests. Use as a context
+    manager or call ``start()``; ``snapshot()`` may be called at any time after that.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str = "cpu",
+        num_genes: int = 0,
+        *,
+        use_nvml: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if num_genes < 0:
+            raise ValueError(f"`num_genes` must be >= 0, got {num_genes}.")
+        self.device = torch.device(device)
+        self.num_genes = num_genes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nvml = NvmlProbe.open(self.device) if use_nvml else None
+        self._start: float | None = None
+        self.cells = self.forwards = self.rows = 0
+
+    @property
+    def nvml_available(self) -> bool:
+        return self._nvml is not None
+
+    def start(self) -> Monitor:
+        """Zero the counters and the CUDA peak, and start the clock."""
+        with self._lock:
+            self.cells = self.forwards = self.rows = 0
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = self._clock()
+        return self
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def on_step(self, stats: _StepLike | None = None) -> None:
+        """One model forward (a sampler's ``on_step`` hook); counts its batch rows if given."""
+        with self._lock:
+            self.forwards += 1
+            self.rows += int(stats.rows) if stats is not None else 0
+
+    def add_cells(self, n: int) -> None:
+        """``n`` cells finished."""
+        if n < 0:
+            raise ValueError(f"`n` must be >= 0, got {n}.")
+        with self._lock:
+            self.cells += n
+
+    def _memory(self) -> tuple[str, float, float]:
+        if self.device.type == "cuda":
+            return (
+                "cuda_allocated",
+                torch.cuda.memory_allocated(self.device) / _MIB,
+                torch.cuda.max_memory_allocated(self.device) / _MIB,
+            )
+        return "process_rss", _rss_bytes() / _MIB, process_peak_rss_bytes() / _MIB
+
+    def snapshot(self) -> MonitorSnapshot:
+        if self._start is None:
+            raise RuntimeError("Monitor.snapshot() before start(): use `with Monitor(...)`.")
+        with self._lock:
+            seconds = self._clock() - self._start
+            cells, forwards, rows = self.cells, self.forwards, self.rows
+        tokens = cells * self.num_genes
+
+        def rate(count: int) -> float:
+            return count / seconds if seconds > 0 else 0.0
+
+        kind, current, peak = self._memory()
+        gpu = self._nvml.read() if self._nvml is not None else {}
+        return MonitorSnapshot(
+            seconds=seconds,
+            cells=cells,
+            tokens=tokens,
+            forwards=forwards,
+            rows=rows,
+            cells_per_s=rate(cells),
+            tokens_per_s=rate(tokens),
+            forwards_per_s=rate(forwards),
+            memory_kind=kind,
+            memory_current_mib=current,
+            memory_peak_mib=peak,
+            process_rss_mib=_rss_bytes() / _MIB,
+            process_peak_rss_mib=process_peak_rss_bytes() / _MIB,
+            **gpu,
+        )

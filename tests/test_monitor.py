@@ -1,0 +1,101 @@
+"""The run monitor: real counts from a real sampler, exact rates with a stepped clock, real RSS."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from sedd.graph import AbsorbingGraph
+from sedd.model import SEDDTransformer
+from sedd.monitor import Monitor
+from sedd.noise import LogLinearNoise
+from sedd.precision import resolve_precision
+from sedd.sampling import EulerSampler
+
+
+class SteppedClock:
+    """Returns the given times in order: start() reads the first, snapshot() the next."""
+
+    def __init__(self, *times: float) -> None:
+        self._times = iter(times)
+
+    def __call__(self) -> float:
+        return next(self._times)
+
+
+def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
+    torch.manual_seed(0)
+    genes, cells, steps = 8, 3, 4
+    model = SEDDTransformer(genes, 4, 16, 1, 2).eval()
+    sampler = EulerSampler(
+        model, LogLinearNoise(), AbsorbingGraph(4), precision=resolve_precision("fp32", "cpu")
+    )
+    with Monitor("cpu", num_genes=genes, clock=SteppedClock(10.0, 12.5)) as monitor:
+        sampler.sample(cells, steps=steps, seed=0, on_step=monitor.on_step)
+        monitor.add_cells(cells)
+    snap = monitor.snapshot()
+    assert snap.forwards == steps + 1  # steps + the final denoise
+    assert snap.rows == cells * (steps + 1)
+    assert snap.seconds == pytest.approx(2.5)
+    assert snap.cells_per_s == pytest.approx(cells / 2.5)
+    assert snap.tokens_per_s == pytest.approx(cells * genes / 2.5)
+    assert snap.forwards_per_s == pytest.approx((steps + 1) / 2.5)
+    assert "1.20 cells/s" in snap.line()
+
+
+def test_resident_memory_grows_with_a_64_mib_tensor() -> None:
+    monitor = Monitor("cpu").start()
+    before = monitor.snapshot()
+    block = torch.ones(16 * 2**20, dtype=torch.float32)  # 64 MiB, written so it is resident
+    after = monitor.snapshot()
+    assert after.memory_kind == "process_rss"
+    assert after.memory_current_mib - before.memory_current_mib > 56
+    assert after.process_peak_rss_mib >= after.memory_current_mib - 1
+    assert float(block[-1]) == 1.0
+
+
+def test_no_gpu_fields_without_cuda_and_nvml() -> None:
+    monitor = Monitor("cpu", use_nvml=True).start()
+    snap = monitor.snapshot()
+    assert not monitor.nvml_available
+    assert snap.gpu_utilization_pct is None and snap.gpu_memory_used_mib is None
+    assert set(snap.as_dict()) >= {"cells_per_s", "tokens_per_s", "forwards_per_s"}
+
+
+def test_counts_from_many_threads_are_not_lost() -> None:
+    monitor = Monitor("cpu", num_genes=2).start()
+
+    def work() -> None:
+        for _ in range(1000):
+            monitor.on_step()
+            monitor.add_cells(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    snap = monitor.snapshot()
+    assert (snap.forwards, snap.cells, snap.tokens) == (4000, 4000, 8000)
+
+
+def test_misuse_raises_with_a_message() -> None:
+    with pytest.raises(RuntimeError, match="before start"):
+        Monitor("cpu").snapshot()
+    with pytest.raises(ValueError, match="`n` must be >= 0, got -1"):
+        Monitor("cpu").start().add_cells(-1)
+    with pytest.raises(ValueError, match="`num_genes` must be >= 0"):
+        Monitor("cpu", num_genes=-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_memory_is_tracked_from_start() -> None:
+    monitor = Monitor("cuda").start()
+    block = torch.ones(16 * 2**20, device="cuda")
+    snap = monitor.snapshot()
+    assert snap.memory_kind == "cuda_allocated"
+    assert snap.memory_peak_mib >= 64 and snap.memory_current_mib >= 64
+    del block
