@@ -2,9 +2,9 @@
 
 The engine resolves each job's ``concurrent.futures.Future`` on its own thread; here it is
 awaited through ``asyncio.wrap_future``. While waiting, the client connection and the deadline
-are checked every ``POLL_S``: a client that went away gets its job cancelled (its rows leave the
-batch at the next step), and a job past its deadline is cancelled and answered 504 even if the
-engine has not noticed yet.
+are watched (the ASGI disconnect message, and a timeout at the deadline): a client that went away
+gets its job cancelled (its rows leave the batch at the next step), and a job past its deadline is
+cancelled and answered 504 even if the engine has not noticed yet.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from server.metrics import outcome_for_status
 from server.planning import PlannedJob, finite_or_zero
 from server.state import Service
 
-POLL_S = 0.05
 DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
 
 
@@ -45,24 +44,35 @@ def _consume(future: asyncio.Future[JobResult]) -> None:
         future.exception()
 
 
+async def _client_gone(request: Request) -> None:
+    """Return once the client has disconnected. The body has been read already (LimitedRoute),
+    so the next ASGI message can only be ``http.disconnect``: no polling, no GIL churn next to
+    the engine thread."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _wait(handle: JobHandle, request: Request, planned: PlannedJob) -> JobResult:
     future = asyncio.wrap_future(handle.future)
     future.add_done_callback(_consume)
+    gone = asyncio.ensure_future(_client_gone(request))
     deadline = planned.job.deadline
+    timeout = None if deadline is None else deadline + DEADLINE_GRACE_S - time.monotonic()
     try:
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=POLL_S)
-            if done:
-                return future.result()
-            if await request.is_disconnected():
-                handle.cancel()
-                raise ClientDisconnected("the client disconnected; its job was cancelled")
-            if deadline is not None and time.monotonic() > deadline + DEADLINE_GRACE_S:
-                handle.cancel()
-                raise DeadlineExceeded()
+        done, _ = await asyncio.wait(
+            {future, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if future in done:
+            return future.result()
+        handle.cancel()
+        if gone in done:
+            raise ClientDisconnected("the client disconnected; its job was cancelled")
+        raise DeadlineExceeded()
     except asyncio.CancelledError:
         handle.cancel()
         raise
+    finally:
+        gone.cancel()
 
 
 async def run_job(
