@@ -2,12 +2,12 @@
 
 Cells are numbered 0..N-1 across the whole request (condition by condition); cell i draws from
 its own random stream (seed, i) (``sedd.sampling.cell_generators``), so its tokens do not depend on
-the batch size or on which batch or shard ran it.
+the batch size or on which batch or shard ran it. A ``sedd.monitor.Monitor`` watches the run and
+its snapshot becomes the result's ``stats`` (``run_stats``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,7 +18,7 @@ import pandas as pd
 from sedd.cells import tokens_to_counts
 from sedd.checkpoint import LoadedModel
 from sedd.conditions import known_perturbations
-from sedd.monitoring import PeakMemory
+from sedd.monitor import Monitor, MonitorSnapshot
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import AnalyticSampler, EulerSampler, Sampler, StepStats
 
@@ -128,18 +128,16 @@ def generate(
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
     sampler = make_sampler(loaded, request.sampler, precision)
     fallbacks_before = precision.fp32_fallbacks
-    forwards = 0
+    num_genes = loaded.config.num_genes
+    monitor = Monitor(loaded.device, num_genes)
 
     def count(stats: StepStats) -> None:
-        nonlocal forwards
-        forwards += 1
+        monitor.on_step(stats)
         if on_step is not None:
             on_step(stats)
 
-    num_genes = loaded.config.num_genes
     batches: list[np.ndarray] = []
-    start = time.perf_counter()
-    with PeakMemory(loaded.device) as peak:
+    with monitor:
         for lo in range(cells.start, cells.stop, request.batch_size):
             hi = min(lo + request.batch_size, cells.stop)
             part = plan.iloc[lo:hi]
@@ -163,22 +161,37 @@ def generate(
                 on_step=count,
             )
             batch_counts = tokens_to_counts(tokens, loaded.config.tokens.mask_index)
+            monitor.add_cells(hi - lo)
             if on_batch is not None:
                 on_batch(range(lo, hi), batch_counts)
             batches.append(batch_counts)
-    seconds = time.perf_counter() - start
+        stats = run_stats(monitor.snapshot(), precision.fp32_fallbacks - fallbacks_before)
     counts = np.concatenate(batches) if batches else np.zeros((0, num_genes), dtype=np.int64)
-    n_cells = counts.shape[0]
-    stats = {
-        "cells": n_cells,
-        "seconds": seconds,
-        "cells_per_s": n_cells / seconds if seconds > 0 else float("nan"),
-        "tokens_per_s": n_cells * num_genes / seconds if seconds > 0 else float("nan"),
-        "forwards": forwards,
-        "peak_memory_mib": peak.mib,
-        "peak_memory_kind": peak.kind,
-        "fp32_fallbacks": precision.fp32_fallbacks - fallbacks_before,
-    }
     return GenerationResult(
         counts, list(loaded.config.genes), plan.iloc[cells.start : cells.stop], stats
     )
+
+
+def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, object]:
+    """The stats every output reports (summary line, metrics JSON, h5ad provenance).
+
+    Rates are over the run's wall time (0 for an empty run). Peak memory is CUDA's max allocated
+    since the run started, or on CPU the process's peak RSS (``peak_memory_kind`` says which);
+    ``current_memory_mib`` is the same kind at the end. GPU fields appear only where NVML works.
+    """
+    stats: dict[str, object] = {
+        "cells": snapshot.cells,
+        "seconds": snapshot.seconds,
+        "cells_per_s": snapshot.cells_per_s,
+        "tokens_per_s": snapshot.tokens_per_s,
+        "forwards": snapshot.forwards,
+        "forwards_per_s": snapshot.forwards_per_s,
+        "peak_memory_mib": snapshot.memory_peak_mib,
+        "peak_memory_kind": snapshot.memory_kind,
+        "current_memory_mib": snapshot.memory_current_mib,
+        "fp32_fallbacks": fp32_fallbacks,
+    }
+    if snapshot.gpu_utilization_pct is not None:
+        stats["gpu_utilization_pct"] = snapshot.gpu_utilization_pct
+        stats["gpu_memory_used_mib"] = snapshot.gpu_memory_used_mib
+    return stats

@@ -3,19 +3,22 @@
 ``Monitor`` counts model forwards, rows and finished cells from the moment it starts, and
 ``snapshot()`` turns them into rates with the memory of the moment:
 
-- cells/s, tokens/s (cells x genes per second) and forwards/s over the elapsed wall time;
+- cells/s, tokens/s (cells x genes per second) and forwards/s over the elapsed wall time, or,
+  with ``window_s`` (a long-running server), over the last ``window_s`` seconds;
 - memory: on CUDA, current and peak ``torch.cuda`` allocations since ``start``; always the
   process's current resident set size and its peak over the process lifetime (``ru_maxrss``);
 - GPU utilisation and device memory from NVML, only when ``pynvml`` (package ``nvidia-ml-py``)
   imports and the monitored device is a CUDA GPU; otherwise those fields are ``None``.
 
-Hook it into a sampler with ``on_step=monitor.on_step`` (one call per model forward) and call
-``add_cells(n)`` when a batch finishes. ``sedd.monitoring.PeakMemory`` remains the tool for the
-peak memory of one block.
+Hook it into a sampler with ``on_step=monitor.on_step`` (one call per model forward; the
+engine's observer calls ``add_forward(rows)``) and call ``add_cells(n)`` when a batch finishes.
+``sedd.generate.generate`` reports its stats from one; the server keeps one per app.
+``sedd.monitoring.PeakMemory`` remains the tool for the peak memory of one block (benchmarks).
 """
 
 from __future__ import annotations
 
+import collections
 import resource
 import sys
 import threading
@@ -26,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from sedd.monitoring import _rss_bytes
+from sedd.monitoring import process_rss_bytes
 
 _MIB = 2**20
 
@@ -79,9 +82,13 @@ class NvmlProbe:
         return nvml.nvmlDeviceGetHandleByIndex(index)
 
     def read(self) -> dict[str, float]:
-        """``gpu_utilization_pct`` (busy share of the last sample period) and device memory."""
-        util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-        mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        """``gpu_utilization_pct`` (busy share of the last sample period) and device memory;
+        empty if NVML fails now (a lost GPU must not take the run's summary with it)."""
+        try:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except self._nvml.NVMLError:
+            return {}
         return {
             "gpu_utilization_pct": float(util.gpu),
             "gpu_memory_used_mib": mem.used / _MIB,
@@ -109,6 +116,7 @@ class MonitorSnapshot:
     gpu_utilization_pct: float | None = None
     gpu_memory_used_mib: float | None = None
     gpu_memory_total_mib: float | None = None
+    rate_window_s: float | None = None  # rates over the last this many seconds; None: since start
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,8 +138,10 @@ class MonitorSnapshot:
 class Monitor:
     """Counts forwards and cells of one run (or a server's lifetime); thread-safe.
 
-    ``num_genes`` turns cells into tokens. ``clock`` is injectable for tests. Use as a context
-    manager or call ``start()``; ``snapshot()`` may be called at any time after that.
+    ``num_genes`` turns cells into tokens. ``window_s`` makes the rates those of the last
+    ``window_s`` seconds (counted events / ``window_s``) instead of the whole run's; the counts
+    stay totals since ``start``. ``clock`` is injectable for tests. Use as a context manager or
+    call ``start()``; ``snapshot()`` may be called at any time after that.
     """
 
     def __init__(
@@ -140,12 +150,20 @@ class Monitor:
         num_genes: int = 0,
         *,
         use_nvml: bool = True,
+        window_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if num_genes < 0:
             raise ValueError(f"`num_genes` must be >= 0, got {num_genes}.")
+        if window_s is not None and not window_s > 0:
+            raise ValueError(
+                f"`window_s` must be > 0 (or None for whole-run rates), got {window_s}."
+            )
         self.device = torch.device(device)
         self.num_genes = num_genes
+        self.window_s = window_s
+        # (time, cells, forwards) of each event inside the window; only kept when window_s is set
+        self._recent: collections.deque[tuple[float, int, int]] = collections.deque()
         self._clock = clock
         self._lock = threading.Lock()
         self._nvml = NvmlProbe.open(self.device) if use_nvml else None
@@ -160,6 +178,7 @@ class Monitor:
         """Zero the counters and the CUDA peak, and start the clock."""
         with self._lock:
             self.cells = self.forwards = self.rows = 0
+            self._recent.clear()
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             self._start = self._clock()
@@ -173,9 +192,14 @@ class Monitor:
 
     def on_step(self, stats: _StepLike | None = None) -> None:
         """One model forward (a sampler's ``on_step`` hook); counts its batch rows if given."""
+        self.add_forward(int(stats.rows) if stats is not None else 0)
+
+    def add_forward(self, rows: int = 0) -> None:
+        """One model forward over ``rows`` batch rows."""
         with self._lock:
             self.forwards += 1
-            self.rows += int(stats.rows) if stats is not None else 0
+            self.rows += rows
+            self._remember(cells=0, forwards=1)
 
     def add_cells(self, n: int) -> None:
         """``n`` cells finished."""
@@ -183,6 +207,20 @@ class Monitor:
             raise ValueError(f"`n` must be >= 0, got {n}.")
         with self._lock:
             self.cells += n
+            self._remember(cells=n, forwards=0)
+
+    def _remember(self, *, cells: int, forwards: int) -> None:
+        """Keep the event for windowed rates (caller holds the lock); drop the expired ones here
+        too, so a server nobody scrapes does not pile them up."""
+        if self.window_s is None:
+            return
+        now = self._clock()
+        self._recent.append((now, cells, forwards))
+        self._expire(now, self.window_s)
+
+    def _expire(self, now: float, window_s: float) -> None:
+        while self._recent and self._recent[0][0] < now - window_s:
+            self._recent.popleft()
 
     def _memory(self) -> tuple[str, float, float]:
         if self.device.type == "cuda":
@@ -191,18 +229,26 @@ class Monitor:
                 torch.cuda.memory_allocated(self.device) / _MIB,
                 torch.cuda.max_memory_allocated(self.device) / _MIB,
             )
-        return "process_rss", _rss_bytes() / _MIB, process_peak_rss_bytes() / _MIB
+        return "process_rss", process_rss_bytes() / _MIB, process_peak_rss_bytes() / _MIB
 
     def snapshot(self) -> MonitorSnapshot:
         if self._start is None:
             raise RuntimeError("Monitor.snapshot() before start(): use `with Monitor(...)`.")
         with self._lock:
-            seconds = self._clock() - self._start
+            now = self._clock()
+            seconds = now - self._start
             cells, forwards, rows = self.cells, self.forwards, self.rows
+            if self.window_s is None:
+                period, rate_cells, rate_forwards = seconds, cells, forwards
+            else:
+                self._expire(now, self.window_s)
+                period = self.window_s
+                rate_cells = sum(event[1] for event in self._recent)
+                rate_forwards = sum(event[2] for event in self._recent)
         tokens = cells * self.num_genes
 
         def rate(count: int) -> float:
-            return count / seconds if seconds > 0 else 0.0
+            return count / period if period > 0 else 0.0
 
         kind, current, peak = self._memory()
         gpu = self._nvml.read() if self._nvml is not None else {}
@@ -212,13 +258,14 @@ class Monitor:
             tokens=tokens,
             forwards=forwards,
             rows=rows,
-            cells_per_s=rate(cells),
-            tokens_per_s=rate(tokens),
-            forwards_per_s=rate(forwards),
+            cells_per_s=rate(rate_cells),
+            tokens_per_s=rate(rate_cells * self.num_genes),
+            forwards_per_s=rate(rate_forwards),
             memory_kind=kind,
             memory_current_mib=current,
             memory_peak_mib=peak,
-            process_rss_mib=_rss_bytes() / _MIB,
+            process_rss_mib=process_rss_bytes() / _MIB,
             process_peak_rss_mib=process_peak_rss_bytes() / _MIB,
+            rate_window_s=self.window_s,
             **gpu,
         )

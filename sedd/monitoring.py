@@ -14,7 +14,8 @@ import time
 import torch
 
 
-def _rss_bytes() -> int:
+def process_rss_bytes() -> int:
+    """The process's resident set size now (``/proc/self/statm``; elsewhere its peak)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -40,14 +41,14 @@ class PeakMemory:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        self._base = self._peak = _rss_bytes()
+        self._base = self._peak = process_rss_bytes()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
         return self
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            self._peak = max(self._peak, _rss_bytes())
+            self._peak = max(self._peak, process_rss_bytes())
             time.sleep(self.interval)
 
     def __exit__(self, *exc: object) -> None:
@@ -58,5 +59,5 @@ class PeakMemory:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._peak = max(self._peak, _rss_bytes())
+        self._peak = max(self._peak, process_rss_bytes())
         self.mib = (self._peak - self._base) / 2**20

@@ -41,6 +41,13 @@ from sedd.shard_manifest import (
 from sedd.shards import Shard
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
+# ``generate`` stats that describe the moment a run ended, not a sum over runs
+_LAST_RUN_KEYS = (
+    "peak_memory_kind",
+    "current_memory_mib",
+    "gpu_utilization_pct",
+    "gpu_memory_used_mib",
+)
 
 
 @dataclass
@@ -88,7 +95,9 @@ class ShardJob:
         resumed = self.resumed_cells
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         totals: dict[str, Any] = {"seconds": 0.0, "forwards": 0, "fp32_fallbacks": 0}
-        peak, peak_kind = 0.0, "none"
+        # the memory and GPU figures of the last gap's run (peak: the largest of all runs)
+        last: dict[str, Any] = {"peak_memory_kind": "none", "current_memory_mib": 0.0}
+        peak = 0.0
         for gap in self.gaps():
             result = generate(
                 self.loaded,
@@ -101,21 +110,26 @@ class ShardJob:
             for key in totals:
                 totals[key] += result.stats[key]  # type: ignore[operator]
             peak = max(peak, float(result.stats["peak_memory_mib"]))  # type: ignore[arg-type]
-            peak_kind = str(result.stats["peak_memory_kind"])
+            last = {key: value for key, value in result.stats.items() if key in _LAST_RUN_KEYS}
         counts = self._assembled_counts()
         new_cells = len(self.cells) - resumed
         seconds = totals["seconds"]
         num_genes = self.loaded.config.num_genes
+
+        def rate(count: int) -> float:
+            # an empty shard (more shards than cells) has no rate: report 0, not NaN
+            return count / seconds if seconds > 0 else 0.0
+
         stats = {
             "cells": len(self.cells),
             "cells_generated": new_cells,
             "cells_resumed": resumed,
             **totals,
-            # an empty shard (more shards than cells) has no rate: report 0, not NaN
-            "cells_per_s": new_cells / seconds if seconds > 0 else 0.0,
-            "tokens_per_s": new_cells * num_genes / seconds if seconds > 0 else 0.0,
+            "cells_per_s": rate(new_cells),
+            "tokens_per_s": rate(new_cells * num_genes),
+            "forwards_per_s": rate(totals["forwards"]),
             "peak_memory_mib": peak,
-            "peak_memory_kind": peak_kind,
+            **last,
         }
         plan = cell_plan(self.loaded, self.request)
         uns = shard_provenance(self, stats)

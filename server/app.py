@@ -23,10 +23,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sedd.checkpoint import load_checkpoint
 from sedd.engine import Engine
+from sedd.monitor import Monitor
 from sedd.precision import resolve_precision
 from server.config import Settings
 from server.errors import MAPPED, http_error
-from server.metrics import MetricsMiddleware, ServiceMetrics
+from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.routes import health, metrics, models, sampling
 from server.schemas import apply_limits
 from server.state import Service
@@ -35,7 +36,7 @@ log = logging.getLogger("sedd.server")
 
 
 def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service:
-    """Load the model and build (not start) the engine."""
+    """Load the model, build (not start) the engine, and start the app's monitor."""
     device = settings.resolved_device()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -50,7 +51,8 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         max_queued_jobs=settings.max_queued_jobs,
         observer=service_metrics,
     )
-    service_metrics.attach(engine, loaded.device, loaded.config.num_genes)
+    monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
+    service_metrics.attach(engine, monitor)
     return Service(settings, loaded, precision, engine, service_metrics)
 
 

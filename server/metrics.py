@@ -4,29 +4,33 @@
   derived from the response status by ``MetricsMiddleware``.
 * ``request_seconds{route}`` (end to end) and ``queue_seconds{route}`` histograms.
 * Engine side (``EngineObserver``, called on the engine thread): rows per forward, step time,
-  cells and tokens generated, fp32 fallbacks; cells/s and tokens/s over the last minute.
-* Process RSS (current and peak) and, on CUDA, allocated accelerator memory (current and peak).
+  cells and tokens generated, fp32 fallbacks.
+* From the app's ``sedd.monitor.Monitor`` (created by the lifespan, fed by the observer), one
+  snapshot per scrape: cells/s, tokens/s and forwards/s over the last minute; process RSS
+  (current and peak) and, on CUDA, allocated accelerator memory (current and peak since
+  start-up); and, where NVML reads the GPU, its utilisation and device memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import os
-import resource
-import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sedd.monitor import Monitor, MonitorSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-RATE_WINDOW_S = 60.0
+RATE_WINDOW_S = 60.0  # the window of the /s gauges: pass it as the app Monitor's ``window_s``
+_MIB = 2**20
 
 
 def outcome_for_status(status: int) -> str:
@@ -40,43 +44,64 @@ def outcome_for_status(status: int) -> str:
     return "error" if status >= 500 else "rejected"
 
 
-class _Throughput:
-    """Cells and tokens finished in the last ``RATE_WINDOW_S`` seconds, per second."""
+class MonitorCollector(Collector):
+    """The gauges read from the app's ``Monitor``: one snapshot per scrape, none before attach."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: collections.deque[tuple[float, int, int]] = collections.deque()
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
 
-    def add(self, cells: int, tokens: int) -> None:
-        with self._lock:
-            self._events.append((time.monotonic(), cells, tokens))
+    def describe(self) -> Iterator[Metric]:
+        # names only, so registering never takes a snapshot
+        return iter(monitor_families(None))
 
-    def rate(self, index: int) -> float:
-        cutoff = time.monotonic() - RATE_WINDOW_S
-        with self._lock:
-            while self._events and self._events[0][0] < cutoff:
-                self._events.popleft()
-            return sum(event[index] for event in self._events) / RATE_WINDOW_S
+    def collect(self) -> Iterator[Metric]:
+        monitor = self._metrics.monitor
+        if monitor is None:
+            return iter(())
+        return iter(monitor_families(monitor.snapshot()))
 
 
-def _rss_bytes() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return float(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    except (OSError, ValueError):
-        return float("nan")
-
-
-def _peak_rss_bytes() -> float:
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB
+def monitor_families(snap: MonitorSnapshot | None) -> list[Metric]:
+    """The families, with samples from ``snap`` (none when ``snap`` is None)."""
+    rates = {
+        "sedd_cells_per_second": ("cells/s over the last minute", "cells_per_s"),
+        "sedd_tokens_per_second": ("tokens/s over the last minute", "tokens_per_s"),
+        "sedd_forwards_per_second": ("model forwards/s over the last minute", "forwards_per_s"),
+    }
+    families: list[Metric] = [
+        GaugeMetricFamily(name, doc, value=None if snap is None else getattr(snap, field))
+        for name, (doc, field) in rates.items()
+    ]
+    memory = GaugeMetricFamily("sedd_memory_bytes", "memory in use", labels=["kind"])
+    gpu_busy = GaugeMetricFamily(
+        "sedd_gpu_utilization_ratio", "share of NVML's last sample period the GPU was busy"
+    )
+    gpu_memory = GaugeMetricFamily(
+        "sedd_gpu_memory_bytes", "GPU device memory from NVML (all processes)", labels=["kind"]
+    )
+    families += [memory, gpu_busy, gpu_memory]
+    if snap is None:
+        return families
+    memory.add_metric(["process_rss"], snap.process_rss_mib * _MIB)
+    memory.add_metric(["process_rss_peak"], snap.process_peak_rss_mib * _MIB)
+    if snap.memory_kind == "cuda_allocated":
+        memory.add_metric(["cuda_allocated"], snap.memory_current_mib * _MIB)
+        memory.add_metric(["cuda_allocated_peak"], snap.memory_peak_mib * _MIB)
+    if snap.gpu_utilization_pct is not None:
+        gpu_busy.add_metric([], snap.gpu_utilization_pct / 100)
+    if snap.gpu_memory_used_mib is not None and snap.gpu_memory_total_mib is not None:
+        gpu_memory.add_metric(["used"], snap.gpu_memory_used_mib * _MIB)
+        gpu_memory.add_metric(["total"], snap.gpu_memory_total_mib * _MIB)
+    return families
 
 
 class ServiceMetrics:
-    """All of one app's metrics; ``observer`` is handed to the engine."""
+    """All of one app's metrics; the instance itself is the engine's observer."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.num_genes = 0
+        self.monitor: Monitor | None = None  # the lifespan's, from ``attach``
         reg = self.registry
         self.requests = Counter(
             "sedd_requests",
@@ -116,16 +141,7 @@ class ServiceMetrics:
         self.fallbacks = Counter(
             "sedd_fp32_fallbacks", "rows recomputed in fp32 after a non-finite score", registry=reg
         )
-        self._throughput = _Throughput()
-        Gauge("sedd_cells_per_second", "cells/s over the last minute", registry=reg).set_function(
-            lambda: self._throughput.rate(1)
-        )
-        Gauge("sedd_tokens_per_second", "tokens/s over the last minute", registry=reg).set_function(
-            lambda: self._throughput.rate(2)
-        )
-        self.memory = Gauge("sedd_memory_bytes", "memory in use", ["kind"], registry=reg)
-        self.memory.labels("process_rss").set_function(_rss_bytes)
-        self.memory.labels("process_rss_peak").set_function(_peak_rss_bytes)
+        reg.register(MonitorCollector(self))
         self.engine_gauges = Gauge(
             "sedd_engine",
             "engine state: queued_jobs, active_jobs, active_rows",
@@ -133,16 +149,11 @@ class ServiceMetrics:
             registry=reg,
         )
 
-    def attach(self, engine: Any, device: torch.device, num_genes: int) -> None:
-        """At start-up: gauges read from the engine and the device at scrape time."""
-        self.num_genes = num_genes
-        if device.type == "cuda":
-            self.memory.labels("cuda_allocated").set_function(
-                lambda: float(torch.cuda.memory_allocated(device))
-            )
-            self.memory.labels("cuda_allocated_peak").set_function(
-                lambda: float(torch.cuda.max_memory_allocated(device))
-            )
+    def attach(self, engine: Any, monitor: Monitor) -> None:
+        """At start-up: gauges read from the engine and ``monitor`` (started, on the model's
+        device, with ``window_s=RATE_WINDOW_S``) at scrape time; the observer feeds ``monitor``."""
+        self.num_genes = monitor.num_genes
+        self.monitor = monitor
         for name in ("queued_jobs", "active_jobs", "active_rows"):
             self.engine_gauges.labels(name).set_function(
                 lambda name=name: float(getattr(engine, name))
@@ -153,6 +164,8 @@ class ServiceMetrics:
     def on_forward(self, rows: int, seconds: float) -> None:
         self.rows_per_forward.observe(rows)
         self.step_seconds.observe(seconds)
+        if self.monitor is not None:
+            self.monitor.add_forward(rows)
 
     def on_job_done(self, job: Any, result: Any, outcome: str) -> None:
         self.jobs.labels(outcome).inc()
@@ -161,7 +174,8 @@ class ServiceMetrics:
         cells = int(result.tokens.shape[0])
         self.cells.inc(cells)
         self.tokens.inc(cells * self.num_genes)
-        self._throughput.add(cells, cells * self.num_genes)
+        if self.monitor is not None:
+            self.monitor.add_cells(cells)
         if result.fp32_fallbacks:
             self.fallbacks.inc(result.fp32_fallbacks)
 

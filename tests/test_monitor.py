@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDTransformer
-from sedd.monitor import Monitor
+from sedd.monitor import Monitor, NvmlProbe
 from sedd.noise import LogLinearNoise
 from sedd.precision import resolve_precision
 from sedd.sampling import EulerSampler
@@ -23,6 +24,16 @@ class SteppedClock:
 
     def __call__(self) -> float:
         return next(self._times)
+
+
+class ManualClock:
+    """A clock that stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
@@ -81,6 +92,58 @@ def test_counts_from_many_threads_are_not_lost() -> None:
     assert (snap.forwards, snap.cells, snap.tokens) == (4000, 4000, 8000)
 
 
+def test_windowed_rates_count_only_the_last_window_and_totals_everything() -> None:
+    clock = ManualClock()
+    monitor = Monitor("cpu", num_genes=12, window_s=60.0, clock=clock).start()
+    clock.now = 10.0
+    monitor.add_forward(rows=3)
+    monitor.add_forward(rows=3)
+    monitor.add_cells(3)
+    clock.now = 50.0
+    monitor.add_forward(rows=5)
+    monitor.add_cells(5)
+    clock.now = 65.0  # window 5..65: every event
+    early = monitor.snapshot()
+    assert early.rate_window_s == 60.0 and early.seconds == 65.0
+    assert early.cells_per_s == pytest.approx(8 / 60)
+    assert early.tokens_per_s == pytest.approx(8 * 12 / 60)
+    assert early.forwards_per_s == pytest.approx(3 / 60)
+    clock.now = 100.0  # window 40..100: only the events at 50
+    late = monitor.snapshot()
+    assert late.cells_per_s == pytest.approx(5 / 60)
+    assert late.forwards_per_s == pytest.approx(1 / 60)
+    assert (late.cells, late.tokens, late.forwards, late.rows) == (8, 96, 3, 11)
+    clock.now = 200.0  # idle for longer than the window
+    assert monitor.snapshot().cells_per_s == monitor.snapshot().forwards_per_s == 0.0
+
+
+class FakeNvml:
+    """The three NVML calls ``NvmlProbe.read`` makes, on a device with 87% utilisation."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> object:
+        if self.fail:
+            raise self.NVMLError("GPU is lost")
+        return SimpleNamespace(gpu=87, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> object:
+        return SimpleNamespace(used=3 * 2**30, total=80 * 2**30)
+
+
+def test_nvml_probe_reads_utilisation_and_survives_a_lost_gpu() -> None:
+    assert NvmlProbe(FakeNvml(), handle=0).read() == {
+        "gpu_utilization_pct": 87.0,
+        "gpu_memory_used_mib": 3072.0,
+        "gpu_memory_total_mib": 81920.0,
+    }
+    assert NvmlProbe(FakeNvml(fail=True), handle=0).read() == {}
+
+
 def test_misuse_raises_with_a_message() -> None:
     with pytest.raises(RuntimeError, match="before start"):
         Monitor("cpu").snapshot()
@@ -88,6 +151,8 @@ def test_misuse_raises_with_a_message() -> None:
         Monitor("cpu").start().add_cells(-1)
     with pytest.raises(ValueError, match="`num_genes` must be >= 0"):
         Monitor("cpu", num_genes=-3)
+    with pytest.raises(ValueError, match=r"`window_s` must be > 0 \(or None.*got 0\."):
+        Monitor("cpu", window_s=0)
 
 
 @pytest.mark.gpu

@@ -103,7 +103,32 @@ def test_predict_writes_gene_named_cells_control_first_with_summary_and_metrics(
     metrics = json.loads(reference.with_suffix(".metrics.json").read_text())
     assert metrics["cells"] == 9 and metrics["forwards"] == 2 * 4  # 2 batches x (3 steps + 1)
     assert metrics["tokens_per_s"] == pytest.approx(metrics["cells_per_s"] * 64)
-    assert {"peak_memory_mib", "precision", "fp32_fallbacks"} <= set(metrics)
+    assert metrics["cells_per_s"] == pytest.approx(9 / metrics["seconds"])
+    assert metrics["forwards_per_s"] == pytest.approx(8 / metrics["seconds"])
+    assert metrics["forwards_per_s"] > 0 and metrics["fp32_fallbacks"] == 0
+    # on CPU: the process's peak RSS (torch alone is > 50 MiB) and the RSS at the end, at most
+    # the peak (give or take the pages the kernel's per-thread RSS counters have not synced)
+    assert metrics["peak_memory_kind"] == "process_rss"
+    assert 50 < metrics["current_memory_mib"] <= metrics["peak_memory_mib"] + 16
+    assert "gpu_utilization_pct" not in metrics  # no NVML GPU here
+    assert {"precision", "output"} <= set(metrics)
+
+
+def test_summary_line_shows_rates_memory_and_precision(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "two.h5ad"
+    argv = ("--perturbations", "GENE_A", "--no-control", "--out", str(out))
+    assert _predict(model, *argv, cells=2) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
+    assert line.startswith(f"wrote {out}: 2 cells x 64 genes in ")
+    assert f"{metrics['cells_per_s']:.2f} cells/s, " in line
+    assert f"{metrics['tokens_per_s']:.0f} tokens/s, " in line
+    assert f"4 forwards = {metrics['forwards_per_s']:.1f} forwards/s, " in line  # 3 steps + 1
+    assert f"peak memory {metrics['peak_memory_mib']:.0f} MiB [process_rss], " in line
+    assert f"{metrics['current_memory_mib']:.0f} MiB at the end, precision fp32 on cpu" in line
+    assert "GPU" not in line and line.endswith(f"metrics: {out.with_suffix('.metrics.json')}")
 
 
 def test_predict_file_no_control_and_default_all_labels(model: Path, tmp_path: Path) -> None:
@@ -197,6 +222,12 @@ def test_killed_shard_resumes_from_finished_batches_to_identical_result(
     _predict_into(model, out_dir, "--num-shards", "1", batch=5)
     entry = json.loads((out_dir / "shards" / "shard-00000-of-00001.json").read_text())
     assert entry["resumed_cells"] == 2 and entry["timings"]["cells_generated"] == 7
+    timings = entry["timings"]  # 7 new cells at batch size 5: 2 batches x (3 steps + 1)
+    assert timings["forwards"] == 8
+    assert timings["forwards_per_s"] == pytest.approx(8 / timings["seconds"])
+    assert timings["cells_per_s"] == pytest.approx(7 / timings["seconds"])
+    assert timings["peak_memory_kind"] == "process_rss"
+    assert 0 < timings["current_memory_mib"] <= timings["peak_memory_mib"] + 16
     assert not job.parts_dir.exists()
     merge_shards(out_dir, tmp_path / "merged.h5ad")
     _assert_same_cells(reference, tmp_path / "merged.h5ad")
@@ -329,6 +360,7 @@ def test_generate_shards_too_even_more_shards_than_cells(model: Path, tmp_path: 
         )
     empty = json.loads((tmp_path / "d" / "shards" / "shard-00002-of-00003.json").read_text())
     assert empty["cells"] == 0 and empty["timings"]["cells_per_s"] == 0.0
+    assert empty["timings"]["forwards"] == 0 and empty["timings"]["forwards_per_s"] == 0.0
     assert main(["merge", out_dir, "--out", str(tmp_path / "m.h5ad")]) == 0
     one, merged = anndata.read_h5ad(tmp_path / "one.h5ad"), anndata.read_h5ad(tmp_path / "m.h5ad")
     assert np.array_equal(_dense(one), _dense(merged))

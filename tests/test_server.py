@@ -19,7 +19,9 @@ from server_models import GENES, NUM_BINS, save_tiny_model
 
 from sedd.checkpoint import load_checkpoint
 from sedd.generate import GenerationRequest, generate, make_sampler
+from sedd.monitor import MonitorSnapshot
 from sedd.precision import resolve_precision
+from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio
 
@@ -363,12 +365,66 @@ async def test_metrics_count_requests_by_route_and_outcome(model_dir: Path) -> N
         "sedd_rows_per_forward_sum 8.0",
         "sedd_step_seconds_count 4.0",
         "sedd_fp32_fallbacks_total 0.0",
-        "sedd_cells_per_second 0.0333",
+        "sedd_cells_per_second 0.0333",  # 2 cells over the one-minute window
+        "sedd_tokens_per_second 0.4",  # 2 x 12 tokens / 60 s
+        "sedd_forwards_per_second 0.0666",  # 3 steps + 1 over the window
         'sedd_engine{quantity="active_rows"} 0.0',
     ):
         assert line in text, line
-    assert 'sedd_memory_bytes{kind="process_rss"}' in text
-    assert 'sedd_memory_bytes{kind="process_rss_peak"}' in text
+    samples = _samples(text)
+    rss = samples['sedd_memory_bytes{kind="process_rss"}']
+    peak = samples['sedd_memory_bytes{kind="process_rss_peak"}']
+    assert 50 * 2**20 < rss <= peak + 16 * 2**20  # torch alone is > 50 MiB
+    assert not any(
+        name.startswith(("sedd_gpu_", 'sedd_memory_bytes{kind="cuda')) for name in samples
+    )
+
+
+def _samples(text: str) -> dict[str, float]:
+    """Prometheus text -> {name{labels}: value}, comments skipped."""
+    pairs = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {name: float(value) for name, value in pairs}
+
+
+def test_gpu_snapshot_becomes_cuda_memory_and_utilisation_gauges() -> None:
+    mib = 2**20
+    snap = MonitorSnapshot(
+        seconds=120.0,
+        cells=30,
+        tokens=360,
+        forwards=90,
+        rows=400,
+        cells_per_s=0.5,
+        tokens_per_s=6.0,
+        forwards_per_s=1.5,
+        memory_kind="cuda_allocated",
+        memory_current_mib=100.0,
+        memory_peak_mib=250.0,
+        process_rss_mib=900.0,
+        process_peak_rss_mib=1000.0,
+        gpu_utilization_pct=87.0,
+        gpu_memory_used_mib=4096.0,
+        gpu_memory_total_mib=81920.0,
+        rate_window_s=60.0,
+    )
+    samples = {
+        (family.name, tuple(sample.labels.values())): sample.value
+        for family in monitor_families(snap)
+        for sample in family.samples
+    }
+    assert samples == {
+        ("sedd_cells_per_second", ()): 0.5,
+        ("sedd_tokens_per_second", ()): 6.0,
+        ("sedd_forwards_per_second", ()): 1.5,
+        ("sedd_memory_bytes", ("process_rss",)): 900 * mib,
+        ("sedd_memory_bytes", ("process_rss_peak",)): 1000 * mib,
+        ("sedd_memory_bytes", ("cuda_allocated",)): 100 * mib,
+        ("sedd_memory_bytes", ("cuda_allocated_peak",)): 250 * mib,
+        ("sedd_gpu_utilization_ratio", ()): 0.87,
+        ("sedd_gpu_memory_bytes", ("used",)): 4096 * mib,
+        ("sedd_gpu_memory_bytes", ("total",)): 81920 * mib,
+    }
+    assert b"sedd_cells_per_second" not in ServiceMetrics().render()  # no monitor yet: no gauges
 
 
 async def test_openapi_carries_the_server_limits_and_examples(model_dir: Path) -> None:

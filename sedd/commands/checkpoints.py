@@ -18,7 +18,9 @@ from sedd.checkpoint import CheckpointNotFoundError, LoadedModel, load_checkpoin
 __all__ = [
     "DEFAULT_MODEL",
     "add_model_arguments",
+    "add_source_options",
     "load_from_args",
+    "load_source",
     "model_card",
     "model_card_dict",
     "register",
@@ -28,9 +30,11 @@ __all__ = [
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pbmc_default"
 
 
-def _add_source_options(
+def add_source_options(
     parser: argparse.ArgumentParser, mapping_flag: str = "--perturbations"
 ) -> None:
+    """The options that refine how a model source loads, for commands that take the source
+    positionally (``sedd info CKPT``); ``add_model_arguments`` adds ``--model`` to these."""
     parser.add_argument(
         "--checkpoint",
         metavar="NAME",
@@ -75,10 +79,11 @@ def add_model_arguments(
         help="native model dir, st3 experiment dir, reference SEDD model dir or training run "
         f"(default: {DEFAULT_MODEL})",
     )
-    _add_source_options(parser, mapping_flag)
+    add_source_options(parser, mapping_flag)
 
 
-def _load(args: argparse.Namespace, source: str | Path) -> LoadedModel:
+def load_source(args: argparse.Namespace, source: str | Path) -> LoadedModel:
+    """Load ``source`` as the ``add_source_options`` options in ``args`` say."""
     # Loader warnings (unnamed genes, ...) are advice to the user: print them plainly.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -106,7 +111,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
                 "pass --model PATH."
             )
         source = DEFAULT_MODEL
-    return _load(args, source)
+    return load_source(args, source)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -118,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     convert.add_argument("src", metavar="SRC", help="the checkpoint to convert")
     convert.add_argument("dst", metavar="DST", help="the native model directory to write")
-    _add_source_options(convert)
+    add_source_options(convert)
     convert.add_argument("--training-command", metavar="STR", help="recorded in provenance")
     convert.add_argument("--data-hash", metavar="STR", help="recorded in provenance")
     convert.set_defaults(func=run_convert)
@@ -130,13 +135,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "parametrisation and the weights file's sha256.",
     )
     info.add_argument("ckpt", metavar="CKPT", help="the checkpoint to describe")
-    _add_source_options(info)
+    add_source_options(info)
     info.add_argument("--json", action="store_true", help="print the card as JSON")
     info.set_defaults(func=run_info)
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    loaded = _load(args, args.src)
+    loaded = load_source(args, args.src)
     dst = save_native(
         loaded, args.dst, training_command=args.training_command, data_hash=args.data_hash
     )
@@ -148,7 +153,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    loaded = _load(args, args.ckpt)
+    loaded = load_source(args, args.ckpt)
     if args.json:
         print(json.dumps(model_card_dict(loaded), indent=2))
     else:

@@ -212,11 +212,16 @@ def finish(
 def summary_line(
     out: Path, stats: Mapping[str, Any], precision: PrecisionPolicy, num_genes: int
 ) -> str:
+    """One line from ``sedd.generate.run_stats`` (or a shard's sum of them)."""
+    gpu = stats.get("gpu_utilization_pct")  # only where NVML reads the GPU
+    busy = f", GPU {gpu:.0f}% busy at the end" if gpu is not None else ""
     return (
         f"wrote {out}: {stats['cells']} cells x {num_genes} genes in "
         f"{stats['seconds']:.1f} s ({stats['cells_per_s']:.2f} cells/s, "
-        f"{stats['tokens_per_s']:.0f} tokens/s, {stats['forwards']} forwards, peak memory "
-        f"{stats['peak_memory_mib']:.0f} MiB [{stats['peak_memory_kind']}], precision "
-        f"{precision.name} on {precision.device}, TF32 {'on' if precision.tf32 else 'off'}, "
+        f"{stats['tokens_per_s']:.0f} tokens/s, {stats['forwards']} forwards = "
+        f"{stats['forwards_per_s']:.1f} forwards/s, peak memory "
+        f"{stats['peak_memory_mib']:.0f} MiB [{stats['peak_memory_kind']}], "
+        f"{stats['current_memory_mib']:.0f} MiB at the end{busy}, precision {precision.name} on "
+        f"{precision.device}, TF32 {'on' if precision.tf32 else 'off'}, "
         f"fp32 fallbacks {stats['fp32_fallbacks']})"
     )

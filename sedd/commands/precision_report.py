@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from sedd.commands.checkpoints import _add_source_options, _load
+from sedd.commands.checkpoints import add_source_options, load_source
 from sedd.precision_report import PrecisionReport, precision_report
 
 
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "on noised real (--data) or random cells, and time both precisions in this process.",
     )
     p.add_argument("ckpt", metavar="CKPT", help="any supported model source")
-    _add_source_options(p)
+    add_source_options(p)
     p.add_argument(
         "--precision",
         default="bf16",
@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded = _load(args, args.ckpt)
+    loaded = load_source(args, args.ckpt)
     report = precision_report(
         loaded,
         args.precision,
