@@ -6,8 +6,10 @@
 2. bf16 vs fp32: the distance between bf16 and fp32 sample sets (same seeds, same counts) next to
    the distance between two fp32 runs with different seeds.
 
-Generated cells follow the held-out split's label composition (x --multiplier). The PCA for the
-distances is fitted on the training cells, so that no compared set is in-sample.
+Our sampler and one-shot are compared on their means over --seeds seeds (a 105-cell set's MMD^2
+varies by about its own size from seed to seed). Generated cells follow the held-out split's
+label composition (x --multiplier). The PCA for the distances is fitted on the training cells, so
+that no compared set is in-sample.
 
     python scripts/quality_figures.py --out bench_results/quality.json
 """
@@ -50,6 +52,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", type=Path, default=Path("bench_results/quality.json"))
     p.add_argument("--reuse", action="store_true", help="reuse generated sets saved by a run")
+    p.add_argument(
+        "--seeds", type=int, default=3, help="seeds per sampler for the ours-vs-one-shot means"
+    )
     args = p.parse_args()
 
     loaded = load_checkpoint(args.model)
@@ -77,12 +82,14 @@ def main() -> int:
         return result.counts
 
     print(f"generating {len(labels)} cells per variant ({args.steps} steps) ...")
-    variants = {
-        "ours_fp32": (args.steps, "fp32", 0),
-        "one_shot_fp32": (1, "fp32", 0),
-        "ours_fp32_seed1": (args.steps, "fp32", 1),
-        "ours_bf16": (args.steps, "bf16", 0),
-    }
+    def seeded(name: str, seed: int) -> str:
+        return name if seed == 0 else f"{name}_seed{seed}"
+
+    variants = {}
+    for seed in range(max(args.seeds, 2)):  # seed 1 is the seed-to-seed reference for bf16
+        variants[seeded("ours_fp32", seed)] = (args.steps, "fp32", seed)
+        variants[seeded("one_shot_fp32", seed)] = (1, "fp32", seed)
+    variants["ours_bf16"] = (args.steps, "bf16", 0)
     cache = args.out.with_suffix(".sets.npz")  # generated counts, so the analysis can be rerun
     cached = dict(np.load(cache)) if args.reuse and cache.exists() else {}
     sets = {}
@@ -118,13 +125,24 @@ def main() -> int:
     }
 
     print(f"\nvs held-out cells ({real.shape[0]} real, {len(labels)} generated per set):")
-    print(f"{'set':18s}" + "".join(f"{m:>18s}" for m in HEADLINE))
+    print(f"{'set':22s}" + "".join(f"{m:>18s}" for m in HEADLINE))
     for name, metrics in vs_real.items():
-        print(f"{name:18s}" + "".join(f"{_fmt(metrics.get(m)):>18s}" for m in HEADLINE))
+        print(f"{name:22s}" + "".join(f"{_fmt(metrics.get(m)):>18s}" for m in HEADLINE))
     print("\nbetween sample sets (PCA-50 fitted on training cells):")
     for name, d in distances.items():
         print(f"{name:28s} MMD2 {d['mmd2_rbf']:.5f}   energy {d['energy_distance']:.5f}")
-    ours, one = vs_real["ours_fp32"], vs_real["one_shot_fp32"]
+    seeds = range(max(args.seeds, 2))
+    means = {
+        sampler: {
+            metric: float(np.mean([vs_real[seeded(sampler, k)][metric] for k in seeds]))
+            for metric in HEADLINE
+        }
+        for sampler in ("ours_fp32", "one_shot_fp32")
+    }
+    print(f"\nmean over seeds 0..{len(seeds) - 1}:")
+    for sampler, metrics in means.items():
+        print(f"{sampler:22s}" + "".join(f"{_fmt(metrics[m]):>18s}" for m in HEADLINE))
+    ours, one = means["ours_fp32"], means["one_shot_fp32"]
     verdict = {
         "ours_beats_one_shot_on_corr": ours["corr_rms"] < one["corr_rms"],
         "ours_beats_one_shot_on_mmd": ours["mmd2_rbf"] < one["mmd2_rbf"],
@@ -139,6 +157,7 @@ def main() -> int:
         json.dumps(
             {
                 "vs_held_out": vs_real,
+                "mean_over_seeds": means,
                 "between_sets": distances,
                 "verdict": verdict,
                 "steps": args.steps,
