@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -289,21 +290,20 @@ def test_cli_trains_records_the_command_and_resumes(tmp_path, data_file, monkeyp
 
 
 def test_documented_command_chain_reproduces_the_weights_byte_for_byte(tmp_path, data_file):
-    """The bundled model's recipe (train, then --resume with a larger --max-steps), run twice
-    from nothing, writes identical model.safetensors files."""
+    """The bundled model's recipe (train, then --resume with a larger --max-steps), each command a
+    fresh ``sedd train`` process as a user runs it, twice from nothing: identical model files."""
     config_file = tmp_path / "train.json"
     settings = _config(tmp_path, data_file).model_dump(mode="json")
     settings.pop("out"), settings.pop("run_dir")
     config_file.write_text(json.dumps(settings))
-    parser = argparse.ArgumentParser(prog="sedd")
-    train_command.register(parser.add_subparsers(dest="command"))
 
     def recipe(name: str) -> str:
-        common = ["train", "--config", str(config_file), "--out", str(tmp_path / name),
-                  "--run-dir", str(tmp_path / f"{name}_run"), "--no-progress"]  # fmt: skip
+        common = [sys.executable, "-m", "sedd.cli", "train", "--config", str(config_file),
+                  "--out", str(tmp_path / name), "--run-dir", str(tmp_path / f"{name}_run"),
+                  "--no-progress"]  # fmt: skip
         for extra in (["--max-steps", "2"], ["--resume", "--max-steps", "3"]):
-            args = parser.parse_args([*common, *extra])
-            assert args.func(args) == 0
+            done = subprocess.run([*common, *extra], capture_output=True, text=True, check=False)
+            assert done.returncode == 0, done.stderr
         return sha256_of(tmp_path / name / "model.safetensors")
 
     first, second = recipe("first"), recipe("second")
