@@ -40,7 +40,7 @@ from sedd.checkpoint_io import (
     read_safetensors,
     sha256_file,
 )
-from sedd.config import SCHEMA_VERSION, ModelConfig
+from sedd.config import ModelConfig
 from sedd.ddit import DDiT
 from sedd.graph import Graph, graph_from_config
 from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
@@ -398,8 +398,10 @@ def save_native(
         key: (value.float() if value.is_floating_point() else value).detach().cpu().clone()
         for key, value in loaded.model.state_dict().items()
     }
-    metadata = {"format": "pt", "schema_version": str(SCHEMA_VERSION)}
-    save_file(state, dst / WEIGHTS_FILE, metadata=metadata)
+    # One metadata key only: safetensors writes metadata in hash-map order, which changes from
+    # process to process, and identical weights must give an identical file (and sha256).
+    # The schema version lives in config.json.
+    save_file(state, dst / WEIGHTS_FILE, metadata={"format": "pt"})
     vectors_path = dst / VECTORS_FILE
     if loaded.perturbation_vectors is not None:
         names = list(loaded.perturbation_vectors)
