@@ -50,7 +50,7 @@ from sedd.engine_jobs import (
 )
 from sedd.engine_rows import JobState, RowBlock, Slice, halves, step_slices
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler
+from sedd.sampling import Sampler, start_tokens
 
 __all__ = [
     "Engine",
@@ -151,8 +151,12 @@ class Engine:
         graph, device = self.loaded.graph, self.loaded.device
         for blk in joined:
             try:
-                blk.state.materialise(
-                    self.eps, lambda n: graph.sample_limit(n, self.num_genes, device=device)
+                job = blk.state.job
+                blk.state.materialise(  # Sampler.sample's start: stream 1 of each cell
+                    self.eps,
+                    lambda n, job=job: start_tokens(
+                        graph, n, self.num_genes, device, seed=job.seed, first_cell=job.first_cell
+                    ),
                 )
                 blk.make_generators(device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only

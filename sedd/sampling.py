@@ -57,19 +57,49 @@ class StepStats:
 
 
 def cell_generators(
-    seed: int, cell_indices: Sequence[int] | range, device: torch.device | str = "cpu"
+    seed: int,
+    cell_indices: Sequence[int] | range,
+    device: torch.device | str = "cpu",
+    stream: int = 0,
 ) -> list[torch.Generator]:
     """One generator per cell, seeded from (seed, cell index) through NumPy's SeedSequence.
 
-    Cell i's stream is the same whatever batch, shard or server request it runs in.
+    Cell i's stream is the same whatever batch, shard or server request it runs in. ``stream``
+    1 is a second, independent stream per cell (the uniform graph's starting tokens).
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}.")
     gens = []
     for i in cell_indices:
-        state = np.random.SeedSequence([seed, int(i)]).generate_state(1, np.uint64)[0]
+        entropy = [seed, int(i)] if stream == 0 else [seed, int(i), stream]
+        state = np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]
         gens.append(torch.Generator(device=device).manual_seed(int(state)))
     return gens
+
+
+def start_tokens(
+    graph: Graph,
+    num_rows: int,
+    num_genes: int,
+    device: torch.device | str = "cpu",
+    *,
+    seed: int | None = None,
+    first_cell: int = 0,
+    generators: Sequence[torch.Generator] = (),
+) -> torch.Tensor:
+    """(num_rows, num_genes) tokens at t = 1: all-mask for the absorbing graph; for the uniform
+    graph, row r drawn from stream 1 of cell (seed, first_cell + r), or without a seed from
+    ``generators`` (one per row, or one shared)."""
+    if graph.absorb:
+        return graph.sample_limit(num_rows, num_genes, device=device)
+    if seed is not None:
+        generators = cell_generators(seed, range(first_cell, first_cell + num_rows), device, 1)
+    if len(generators) == 1:
+        return graph.sample_limit(num_rows, num_genes, generator=generators[0], device=device)
+    if len(generators) != num_rows:
+        raise ValueError(f"need one generator per row: {num_rows} rows, {len(generators)}.")
+    rows = [graph.sample_limit(1, num_genes, generator=g, device=device) for g in generators]
+    return torch.cat(rows)  # (num_rows, num_genes)
 
 
 def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -340,6 +370,11 @@ class Sampler:
         x = self._initial_tokens(num_cells, num_genes, x_init, fixed, labels)
         num_rows = x.shape[0]
         gens = self._row_generators(num_rows, seed, first_cell, generator)
+        if x_init is None and not self.graph.absorb:  # a random start, from the cells' streams
+            x = start_tokens(
+                self.graph, num_rows, x.shape[1], self.device,
+                seed=seed, first_cell=first_cell, generators=gens,
+            )  # fmt: skip
         fixed = None if fixed is None else fixed.to(x.device)
         timesteps = torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
         fallbacks_before = self.precision.fp32_fallbacks

@@ -20,6 +20,7 @@ from sedd.sampling import (
     Sampler,
     StepStats,
     cell_generators,
+    start_tokens,
 )
 
 
@@ -222,6 +223,26 @@ def test_uniform_graph_score_model_samples_every_position():
         steps=4, x_init=x_init, fixed=fixed, seed=0
     )
     assert torch.equal(out[:, :5], x_init[:, :5])
+
+
+def test_uniform_graph_start_comes_from_the_seed_not_the_global_rng():
+    torch.manual_seed(0)
+    model = DDiT(
+        vocab_size=6, hidden_size=32, cond_dim=16, n_blocks=1, n_heads=2, length=16,
+        graph="uniform", scale_by_sigma=False,
+    ).eval()  # fmt: skip
+    sampler = EulerSampler(model, GeometricNoise(1e-4, 20.0), UniformGraph(6), use_amp=False)
+    start = start_tokens(UniformGraph(6), 4, 16, seed=3)
+    assert start.shape == (4, 16) and len(start.unique()) > 1
+    torch.manual_seed(123)
+    whole = sampler.sample(4, num_genes=16, steps=3, seed=3)
+    torch.manual_seed(456)  # a different global RNG state changes nothing
+    again = sampler.sample(4, num_genes=16, steps=3, seed=3)
+    later = sampler.sample(2, num_genes=16, steps=3, seed=3, first_cell=2)  # cells 2, 3 alone
+    assert torch.equal(whole, again)
+    assert torch.equal(whole[2:], later)
+    assert torch.equal(start[2:], start_tokens(UniformGraph(6), 2, 16, seed=3, first_cell=2))
+    assert not torch.equal(start, start_tokens(UniformGraph(6), 4, 16, seed=4))
 
 
 def test_step_stats_hook_reports_every_step():
