@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 import torch
 
 from sedd.checkpoint import LoadedModel
-from sedd.generate import GenerationRequest, cell_plan
+from sedd.generate import GenerationRequest, cell_plan, plan_labels
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -183,12 +183,7 @@ def job_from_request(
     ``UnknownLabelError`` (with suggestions) from the loaded model."""
     request.validate()
     plan = cell_plan(loaded, request)
-    labels = None
-    if "perturbation" in plan:
-        labels = loaded.perturbation_labels(list(plan["perturbation"])).cpu()
-    cell_types = None
-    if "cell_type" in plan:
-        cell_types = loaded.cell_type_labels(list(plan["cell_type"])).cpu()
+    labels, cell_types = plan_labels(loaded, plan, "cpu")
     return EngineJob(
         num_cells=len(plan),
         steps=request.steps,

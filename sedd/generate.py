@@ -14,6 +14,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+import torch
 
 from sedd.cells import tokens_to_counts
 from sedd.checkpoint import LoadedModel
@@ -107,6 +108,23 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     return plan
 
 
+def plan_labels(
+    loaded: LoadedModel, plan: pd.DataFrame, device: torch.device | str | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(perturbation labels, cell-type labels) of a ``cell_plan`` slice, each (N,) or None, on
+    ``device`` (default: the model's). The engine takes them on the CPU."""
+    labels = (
+        loaded.perturbation_labels(list(plan["perturbation"])) if "perturbation" in plan else None
+    )
+    cell_types = loaded.cell_type_labels(list(plan["cell_type"])) if "cell_type" in plan else None
+    if device is None:
+        return labels, cell_types
+    return (
+        None if labels is None else labels.to(device),
+        None if cell_types is None else cell_types.to(device),
+    )
+
+
 def generate(
     loaded: LoadedModel,
     request: GenerationRequest,
@@ -141,14 +159,7 @@ def generate(
         for lo in range(cells.start, cells.stop, request.batch_size):
             hi = min(lo + request.batch_size, cells.stop)
             part = plan.iloc[lo:hi]
-            labels = (
-                loaded.perturbation_labels(list(part["perturbation"]))
-                if "perturbation" in part
-                else None
-            )
-            cell_types = (
-                loaded.cell_type_labels(list(part["cell_type"])) if "cell_type" in part else None
-            )
+            labels, cell_types = plan_labels(loaded, part)
             tokens = sampler.sample(
                 hi - lo,
                 steps=request.steps,

@@ -19,7 +19,7 @@ import torch
 from sedd.cells import CountRangeError, counts_to_tokens
 from sedd.checkpoint import LoadedModel, UnknownLabelError
 from sedd.engine import EngineJob
-from sedd.generate import GenerationRequest, cell_plan
+from sedd.generate import GenerationRequest, cell_plan, plan_labels
 from server.config import Settings
 from server.errors import FieldError
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions
@@ -116,10 +116,7 @@ def _job(
     x_init: torch.Tensor | None = None,
     fixed: torch.Tensor | None = None,
 ) -> EngineJob:
-    labels = (
-        loaded.perturbation_labels(list(cells["perturbation"])) if "perturbation" in cells else None
-    )
-    cell_types = loaded.cell_type_labels(list(cells["cell_type"])) if "cell_type" in cells else None
+    labels, cell_types = plan_labels(loaded, cells, "cpu")  # the engine takes CPU tensors
     return EngineJob(
         num_cells=len(cells),
         steps=request.steps,
