@@ -50,7 +50,7 @@ from sedd.engine_jobs import (
 )
 from sedd.engine_rows import JobState, RowBlock, Slice, halves, step_slices
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler, start_tokens
+from sedd.sampling import Sampler
 
 __all__ = [
     "Engine",
@@ -151,13 +151,7 @@ class Engine:
         graph, device = self.loaded.graph, self.loaded.device
         for blk in joined:
             try:
-                job = blk.state.job
-                blk.state.materialise(  # Sampler.sample's start: stream 1 of each cell
-                    self.eps,
-                    lambda n, job=job: start_tokens(
-                        graph, n, self.num_genes, device, seed=job.seed, first_cell=job.first_cell
-                    ),
-                )
+                blk.state.materialise(self.eps, graph, self.num_genes, device)
                 blk.make_generators(device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only
                 self._finish(blk.state, None, err)

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sedd.engine_jobs import EngineJob, JobHandle, JobProgress
+from sedd.graph import Graph
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler, cell_generators
+from sedd.sampling import Sampler, cell_generators, start_tokens
 
 _EMPTY = torch.empty(0)
 
@@ -38,17 +39,20 @@ class JobState:
     fallbacks: int = 0
     done: bool = False  # its future is resolved
 
-    def materialise(self, eps: float, limit: Callable[[int], torch.Tensor]) -> None:
-        """Time grid and initial tokens (``limit(N)``, or x_init), built when rows first join."""
+    def materialise(self, eps: float, graph: Graph, num_genes: int, device: torch.device) -> None:
+        """Time grid and initial tokens (Sampler.sample's start, or x_init), built when rows
+        first join."""
         if self.timesteps.numel():
             return
         job = self.job
         # Exactly Sampler.sample's grid, so a packed row walks the solo row's times.
         self.timesteps = torch.linspace(1.0, eps, job.steps + 1, dtype=torch.float64)
-        if job.x_init is None:
-            self.x = limit(job.num_cells)
+        if job.x_init is None:  # stream 1 of each cell, as Sampler.sample draws it
+            self.x = start_tokens(
+                graph, job.num_cells, num_genes, device, seed=job.seed, first_cell=job.first_cell
+            )
         else:
-            self.x = job.x_init.to(device=limit(1).device, dtype=torch.long).clone()
+            self.x = job.x_init.to(device=device, dtype=torch.long).clone()
 
 
 @dataclass(eq=False)
