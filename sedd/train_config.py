@@ -55,10 +55,14 @@ __all__ = [
 ]
 
 # Fields a resumed run may change; any other difference from the saved run is refused, because
-# the weights, optimizer state or data stream would no longer match the configuration.
+# the weights, optimizer state or data stream would no longer match the configuration. The LR
+# schedule's shape may change (a second phase at a flat rate, say), not the base rate.
 RESUME_MAY_CHANGE = frozenset(
     {
         "max_steps",
+        "schedule",
+        "warmup_steps",
+        "min_lr_ratio",
         "log_every",
         "checkpoint_every",
         "val_every",
@@ -162,12 +166,15 @@ def check_resumable(saved: dict[str, Any], config: TrainConfig, path: Path) -> N
     """Refuse to resume the run saved with config ``saved`` under a different ``config``."""
     before = TrainConfig.model_validate(saved).model_dump(mode="json")  # fills newer defaults
     now = config.model_dump(mode="json")
+    for settings in (before, now):  # dropout has no weights: a resumed run may change it
+        settings["arch"] = {k: v for k, v in settings["arch"].items() if k != "dropout"}
     changed = sorted(k for k in now if k not in RESUME_MAY_CHANGE and before[k] != now[k])
     if changed:
         diffs = "; ".join(f"{k}: {before[k]!r} -> {now[k]!r}" for k in changed)
         raise ValueError(
             f"cannot resume {path} with a different configuration ({diffs}); only "
-            f"{sorted(RESUME_MAY_CHANGE)} may change. Start a new run_dir instead."
+            f"{sorted(RESUME_MAY_CHANGE)} and arch.dropout may change. Start a new run_dir "
+            "instead."
         )
 
 

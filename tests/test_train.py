@@ -138,6 +138,37 @@ def test_resume_refuses_a_changed_configuration(tmp_path, data_file):
         Trainer(_config(tmp_path, data_file, "fresh"), resume=True, progress=False)
 
 
+def test_resume_may_change_the_schedule_shape_and_dropout(tmp_path, data_file):
+    """A second phase: same base LR, flat instead of cosine, dropout off."""
+    first = _config(tmp_path, data_file, max_steps=4, warmup_steps=1)
+    Trainer(first, progress=False).fit(until=2)
+    second = _config(
+        tmp_path,
+        data_file,
+        max_steps=4,
+        warmup_steps=1,
+        schedule="constant",
+        arch={"hidden_dim": 16, "num_layers": 1, "num_heads": 2, "dropout": 0.0},
+    )
+    trainer = Trainer(second, resume=True, progress=False)
+    assert trainer.step == 2
+    assert trainer.model.blocks[0].ff.net[2].p == 0.0
+    trainer.fit()
+    assert trainer.step == 4
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)  # flat: the base LR
+    with pytest.raises(ValueError, match=r"arch: .*'num_layers': 1.* -> .*'num_layers': 2"):
+        Trainer(
+            _config(
+                tmp_path,
+                data_file,
+                max_steps=6,
+                arch={"hidden_dim": 16, "num_layers": 2, "num_heads": 2},
+            ),
+            resume=True,
+            progress=False,
+        )
+
+
 def test_activation_checkpointing_gives_the_same_loss_and_gradients(tmp_path, data_file):
     results = []
     for on in (False, True):
