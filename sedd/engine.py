@@ -285,13 +285,6 @@ class Engine:
         st.done = True
         with self._lock:
             self._remove_locked(st)
-        try:
-            if err is None:
-                st.handle.future.set_result(result)  # type: ignore[arg-type]
-            else:
-                st.handle.future.set_exception(err)
-        except InvalidStateError:  # the caller cancelled the future itself
-            pass
         match err:
             case None:
                 outcome = "ok"
@@ -301,7 +294,15 @@ class Engine:
                 outcome = "timeout"
             case _:
                 outcome = "error"
+        # Observe first: whoever waits on the future must find the job already counted.
         self._observe("on_job_done", st.job, result, outcome)
+        try:
+            if err is None:
+                st.handle.future.set_result(result)  # type: ignore[arg-type]
+            else:
+                st.handle.future.set_exception(err)
+        except InvalidStateError:  # the caller cancelled the future itself
+            pass
 
     def _remove_locked(self, st: JobState) -> None:
         self._active = [blk for blk in self._active if blk.state is not st]

@@ -179,6 +179,25 @@ def test_cancel_drops_the_rows_at_the_next_step():
     assert (3, "cancelled") in rec.done and (2, "ok") in rec.done
 
 
+def test_a_job_is_counted_before_its_caller_sees_the_result():
+    """Metrics read right after a response must already include that response's job."""
+    handles: dict[int, object] = {}
+    seen: list[tuple[str, bool]] = []
+
+    class Watcher(Recorder):
+        def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
+            seen.append((outcome, handles[job.num_cells].future.done()))
+
+    engine = Engine(LOADED, FP32, observer=Watcher())
+    handles[2] = engine.submit(job(2, steps=3))
+    handles[3] = engine.submit(job(3, steps=3))
+    engine.tick()
+    handles[3].cancel()
+    run_until_idle(engine)
+    assert sorted(seen) == [("cancelled", False), ("ok", False)]
+    assert handles[2].future.result(timeout=0).tokens.shape == (2, GENES)
+
+
 def test_deadline_fails_the_job_with_job_timeout():
     rec = Recorder()
     engine = Engine(LOADED, FP32, observer=rec)
