@@ -70,8 +70,12 @@ def trained(tmp_path_factory):
             "run_dir": str(root / "state"),
         }
     )
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: threads only add overhead
-    Trainer(config, progress=False).fit()
+    try:
+        Trainer(config, progress=False).fit()
+    finally:
+        torch.set_num_threads(threads)  # the rest of the session keeps its threads
     return load_checkpoint(root / "model"), real
 
 
