@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import uvicorn
 
-from sedd.checkpoint import LoadedModel, build_model, save_native
+from sedd.checkpoints import LoadedModel, build_model, save_native
 from sedd.commands.checkpoints import DEFAULT_MODEL
 from sedd.config import ModelConfig
 from sedd.graph import graph_from_config

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from sedd.checkpoint import read_model_config
+from sedd.checkpoints import read_model_config
 
 
 def _dense(matrix: object) -> np.ndarray:

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from sedd.anndata_io import read_counts
-from sedd.checkpoint import load_checkpoint
+from sedd.batch.run import GenerationRequest, generate
+from sedd.checkpoints import load_checkpoint
 from sedd.commands.checkpoints import DEFAULT_MODEL
-from sedd.generate import GenerationRequest, generate
-from sedd.metrics import (
+from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,
     fit_real_pca,

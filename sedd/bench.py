@@ -7,7 +7,7 @@ per second), ms per forward, peak memory, and the bf16 / fp32 ratios. Score pari
 |log p(bf16) - log p(fp32)| over the clean tokens, PRECISION.md "Parity") is measured on fixed
 inputs.
 
-Peak memory: see ``sedd.monitoring.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).
+Peak memory: see ``sedd.monitor.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDTransformer
-from sedd.monitoring import PeakMemory
+from sedd.monitor import PeakMemory
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.sampling import EulerSampler, StepStats

@@ -1,7 +1,7 @@
 """Score networks: the protocol every model meets, and st3's single-cell transformers.
 
 Network definitions only: no sampling, no checkpoint files, no autocast decisions (those live in
-``sedd.sampling``, ``sedd.checkpoint`` and ``sedd.precision``).
+``sedd.sampling``, ``sedd.checkpoints`` and ``sedd.precision``).
 
 Score-model protocol
 --------------------

@@ -12,13 +12,17 @@
 
 Hook it into a sampler with ``on_step=monitor.on_step`` (one call per model forward; the
 engine's observer calls ``add_forward(rows)``) and call ``add_cells(n)`` when a batch finishes.
-``sedd.generate.generate`` reports its stats from one; the server keeps one per app.
-``sedd.monitoring.PeakMemory`` remains the tool for the peak memory of one block (benchmarks).
+``sedd.batch.run.generate`` reports its stats from one; the server keeps one per app.
+``PeakMemory`` measures the peak memory of one block (benchmarks):
+``torch.cuda.max_memory_allocated`` on CUDA; on CPU the peak resident set size above the level at
+entry, sampled every 2 ms by a thread (a process's own peak RSS cannot be reset between runs, so
+``ru_maxrss`` would not do).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import resource
 import sys
 import threading
@@ -29,9 +33,16 @@ from typing import Any, Protocol
 
 import torch
 
-from sedd.monitoring import process_rss_bytes
-
 _MIB = 2**20
+
+
+def process_rss_bytes() -> int:
+    """The process's resident set size now (``/proc/self/statm``; elsewhere its peak)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):  # not Linux: fall back to the process peak
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class _StepLike(Protocol):
@@ -269,3 +280,41 @@ class Monitor:
             rate_window_s=self.window_s,
             **gpu,
         )
+
+
+class PeakMemory:
+    """Context manager; ``mib`` is the block's peak memory in MiB, ``kind`` says which."""
+
+    def __init__(self, device: torch.device | str = "cpu", interval: float = 0.002) -> None:
+        self.device = torch.device(device)
+        self.interval = interval
+        self.kind = "cuda_max_allocated" if self.device.type == "cuda" else "process_rss_increase"
+        self.mib = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self._base = self._peak = process_rss_bytes()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, process_rss_bytes())
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.mib = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._peak = max(self._peak, process_rss_bytes())
+        self.mib = (self._peak - self._base) / 2**20

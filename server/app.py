@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sedd.checkpoint import load_checkpoint
+from sedd.checkpoints import load_checkpoint
 from sedd.engine import Engine
 from sedd.monitor import Monitor
 from sedd.precision import resolve_precision

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from sedd.cells import CountRangeError
-from sedd.checkpoint import UnknownLabelError
+from sedd.checkpoints import UnknownLabelError
 from sedd.engine import EngineFull, EngineStopped, InvalidTokensError, JobCancelled, JobTimeout
 from sedd.precision import NonFiniteScoreError
 

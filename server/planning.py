@@ -1,7 +1,7 @@
 """Requests -> engine jobs ("decode"): check the server's limits, resolve names, build tokens.
 
-Every cell plan comes from ``sedd.generate.cell_plan``, and cell i of a request draws from the
-stream (seed, i) (``first_cell=0``), so a request's cells equal ``sedd.generate.generate`` run
+Every cell plan comes from ``sedd.batch.run.cell_plan``, and cell i of a request draws from the
+stream (seed, i) (``first_cell=0``), so a request's cells equal ``sedd.batch.run.generate`` run
 on the same ``GenerationRequest``. Name errors become ``FieldError`` naming the field.
 """
 
@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sedd.batch.run import GenerationRequest, cell_plan, plan_labels
 from sedd.cells import CountRangeError, counts_to_tokens
-from sedd.checkpoint import LoadedModel, UnknownLabelError
+from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.engine import EngineJob
-from sedd.generate import GenerationRequest, cell_plan, plan_labels
 from server.config import Settings
 from server.errors import FieldError
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sedd.checkpoint import LoadedModel
+from sedd.checkpoints import LoadedModel
 from sedd.engine import Engine
 from sedd.precision import PrecisionPolicy
 from server.config import Settings

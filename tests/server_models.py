@@ -1,5 +1,5 @@
 """Tiny native models for the server tests: a conditional st3 model with cell types, saved with
-``sedd.checkpoint.save_native`` so the app loads it like any checkpoint."""
+``sedd.checkpoints.save_native`` so the app loads it like any checkpoint."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from sedd.checkpoint import LoadedModel, build_model, save_native
+from sedd.checkpoints import LoadedModel, build_model, save_native
 from sedd.config import ModelConfig
 from sedd.graph import graph_from_config
 from sedd.noise import noise_from_config

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from sedd.anndata_io import read_counts, write_cells_h5ad
-from sedd.checkpoint import load_checkpoint
+from sedd.batch.run import GenerationRequest, generate
+from sedd.checkpoints import load_checkpoint
 from sedd.commands.checkpoints import DEFAULT_MODEL
-from sedd.generate import GenerationRequest, generate
 from sedd.precision import resolve_precision
 
 pytest.importorskip("cell_eval")

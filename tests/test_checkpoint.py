@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sedd.checkpoint import (
+from sedd.checkpoints import (
     CheckpointError,
     CheckpointNotFoundError,
     UnknownLabelError,

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
+from sedd.batch.run import GenerationRequest, generate
 from sedd.cells import tokens_to_counts
-from sedd.checkpoint import LoadedModel, load_checkpoint
+from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.config import ModelConfig
 from sedd.engine import (
     Engine,
@@ -22,9 +23,8 @@ from sedd.engine import (
     JobProgress,
     JobResult,
     JobTimeout,
-    job_from_request,
 )
-from sedd.generate import GenerationRequest, generate
+from sedd.engine.jobs import job_from_request
 from sedd.graph import graph_from_config
 from sedd.model import SEDDPerturbationTransformer
 from sedd.noise import noise_from_config

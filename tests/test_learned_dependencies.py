@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 import torch
 
-from sedd.checkpoint import load_checkpoint
-from sedd.generate import GenerationRequest, generate
+from sedd.batch.run import GenerationRequest, generate
+from sedd.checkpoints import load_checkpoint
 from sedd.precision import resolve_precision
-from sedd.train import Trainer
-from sedd.train_config import TrainConfig
+from sedd.train.config import TrainConfig
+from sedd.train.trainer import Trainer
 
 N_CELLS, MODULE, OTHER = 800, 6, 6
 

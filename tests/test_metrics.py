@@ -12,7 +12,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from sedd.commands import evaluate
-from sedd.metrics import (
+from sedd.eval.metrics import (
     correlation_error,
     energy_distance,
     evaluate_counts,

@@ -11,15 +11,15 @@ import pandas as pd
 import pytest
 import torch
 
-from sedd.checkpoint import LoadedModel, load_checkpoint
+from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.cli import main
-from sedd.precision import resolve_precision
-from sedd.precision_report import (
+from sedd.eval.precision_report import (
     folded_names,
     module_dtypes,
     probe_batch,
     score_error,
 )
+from sedd.precision import resolve_precision
 
 DATA = Path(__file__).parent / "data"
 TINY_PERT = DATA / "st3" / "experiments" / "tiny_pert"

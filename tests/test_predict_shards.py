@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sedd.checkpoint import load_checkpoint, save_native
+from sedd.batch.manifest import ShardOutputError
+from sedd.batch.merge import MergeError, merge_shards
+from sedd.batch.run import GenerationRequest
+from sedd.batch.shard_job import prepare_shard
+from sedd.batch.shards import Shard
+from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
-from sedd.generate import GenerationRequest
-from sedd.merge import MergeError, merge_shards
+from sedd.files import sha256_file
 from sedd.precision import resolve_precision
-from sedd.shard_manifest import ShardOutputError
-from sedd.shard_run import prepare_shard
-from sedd.shards import Shard
 
 ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]
@@ -260,8 +261,6 @@ def test_merge_refuses_hash_mismatch(complete_run: Path, tmp_path: Path) -> None
 
 
 def _replace_shard(out_dir: Path, k: int, adata: anndata.AnnData) -> None:
-    from sedd.checkpoint_io import sha256_file
-
     h5ad = _shard_file(out_dir, k, "h5ad")
     adata.write_h5ad(h5ad)
     entry_path = _shard_file(out_dir, k, "json")

@@ -1,7 +1,7 @@
 """The HTTP service: every route, its validation errors and limits, auth, metrics, SSE, h5ad.
 
 The app runs in-process on a tiny conditional model (12 genes, counts 0..5, 5 labels, 2 cell
-types) saved in the native format; results are checked against ``sedd.generate.generate``.
+types) saved in the native format; results are checked against ``sedd.batch.run.generate``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
-from sedd.checkpoint import load_checkpoint
-from sedd.generate import GenerationRequest, generate, make_sampler
+from sedd.batch.run import GenerationRequest, generate, make_sampler
+from sedd.checkpoints import load_checkpoint
 from sedd.monitor import MonitorSnapshot
 from sedd.precision import resolve_precision
 from server.metrics import ServiceMetrics, monitor_families

@@ -15,9 +15,9 @@ import pytest
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
-from sedd.checkpoint import load_checkpoint
+from sedd.batch.run import GenerationRequest, generate
+from sedd.checkpoints import load_checkpoint
 from sedd.cli import main
-from sedd.generate import GenerationRequest, generate
 from sedd.precision import resolve_precision
 from server.app import create_app
 

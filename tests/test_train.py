@@ -16,14 +16,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sedd.checkpoint import load_checkpoint
+from sedd.checkpoints import load_checkpoint
 from sedd.commands import train as train_command
+from sedd.files import sha256_file
 from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionError
 from sedd.sampling import EulerSampler
-from sedd.train import STATE_FILE, Trainer, elbo_weight, forward_logits, loss_terms
-from sedd.train_config import TrainConfig, load_train_config, lr_factor, sha256_of
+from sedd.train.config import TrainConfig, load_train_config, lr_factor
+from sedd.train.trainer import STATE_FILE, Trainer, elbo_weight, forward_logits, loss_terms
 
 N_CELLS, N_GENES = 30, 10
 LABELS = ["beta", "alpha", "gamma"]  # deliberately unsorted: the model stores them sorted
@@ -262,7 +263,7 @@ def test_saved_model_loads_with_genes_labels_and_provenance(tmp_path, data_file)
     assert (cfg.tokens.num_bins, cfg.tokens.mask_index, cfg.graph.dim) == (18, 18, 19)
     assert cfg.noise.eps == 1e-3
     assert cfg.provenance.training_command == "sedd train --config x.json"
-    assert cfg.provenance.data_hash == sha256_of(data_file)
+    assert cfg.provenance.data_hash == sha256_file(data_file)
     assert (cfg.provenance.step, cfg.provenance.ema) == (3, True)
     assert sorted(p.name for p in Path(config.out).iterdir()) == [
         "config.json",
@@ -335,7 +336,7 @@ def test_documented_command_chain_reproduces_the_weights_byte_for_byte(tmp_path,
         for extra in (["--max-steps", "2"], ["--resume", "--max-steps", "3"]):
             done = subprocess.run([*common, *extra], capture_output=True, text=True, check=False)
             assert done.returncode == 0, done.stderr
-        return sha256_of(tmp_path / name / "model.safetensors")
+        return sha256_file(tmp_path / name / "model.safetensors")
 
     first, second = recipe("first"), recipe("second")
     assert first == second

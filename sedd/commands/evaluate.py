@@ -98,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, so other sub-commands don't pay for them.
-    from sedd.metrics import as_count_matrix, evaluate_counts_with_arrays
-    from sedd.plots import write_evaluation_plots
+    from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays
+    from sedd.eval.plots import write_evaluation_plots
 
     console = Console(width=max(Console().width, 160))
     real, gen = _read_h5ad(args.real, "--real"), _read_h5ad(args.generated, "--generated")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sedd.batch.merge import merge_shards
 from sedd.commands.output import add_counts_dtype_argument
-from sedd.merge import merge_shards
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

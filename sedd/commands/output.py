@@ -17,13 +17,13 @@ import torch
 from tqdm import tqdm
 
 from sedd.anndata_io import provenance_uns, write_cells_h5ad
-from sedd.checkpoint import LoadedModel
-from sedd.generate import GenerationRequest, cell_plan, generate
+from sedd.batch.run import GenerationRequest, cell_plan, generate
+from sedd.batch.shard_job import prepare_shard
+from sedd.batch.shards import Shard, ShardError, resolve_shard
+from sedd.checkpoints import LoadedModel
+from sedd.files import write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.sampling import StepStats
-from sedd.shard_manifest import write_json_atomic
-from sedd.shard_run import prepare_shard
-from sedd.shards import Shard, ShardError, resolve_shard
 
 CountsDtype = Literal["int", "float32"]
 
@@ -212,7 +212,7 @@ def finish(
 def summary_line(
     out: Path, stats: Mapping[str, Any], precision: PrecisionPolicy, num_genes: int
 ) -> str:
-    """One line from ``sedd.generate.run_stats`` (or a shard's sum of them)."""
+    """One line from ``sedd.batch.run.run_stats`` (or a shard's sum of them)."""
     gpu = stats.get("gpu_utilization_pct")  # only where NVML reads the GPU
     busy = f", GPU {gpu:.0f}% busy at the end" if gpu is not None else ""
     return (

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sedd.commands.checkpoints import add_source_options, load_source
-from sedd.precision_report import PrecisionReport, precision_report
+from sedd.eval.precision_report import PrecisionReport, precision_report
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
 from sedd.commands.checkpoints import add_model_arguments, load_from_args
 from sedd.commands.generate import add_sampling_arguments
 from sedd.commands.output import add_output_arguments, request_from_args, run_request
-from sedd.conditions import perturbation_conditions, read_perturbation_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

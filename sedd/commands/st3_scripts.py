@@ -6,7 +6,7 @@
 - ``inference_conditional``: ``--num_samples_per_pert`` cells per perturbation, control included
   -> ``<experiment_dir>/inference_results/generated_cells.h5ad``.
 - ``inference_perturbseq``: the conditional run for the perturbations of ``--reference_data``'s
-  held-out cells, then ``sedd.metrics`` against them -> ``.../inference_results/perturbseq/``.
+  held-out cells, then ``sedd.eval.metrics`` against them -> ``.../inference_results/perturbseq/``.
 
 Each also writes ``generation_metadata.json``. ``--output_dir`` moves the outputs. Precision
 defaults to bf16 (st3's setting); on a CPU without native bf16 the precision policy warns that it
@@ -22,7 +22,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sedd.checkpoint import LoadedModel
+from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
+from sedd.batch.run import GenerationRequest
+from sedd.batch.shards import Shard, ShardError, resolve_shard
+from sedd.checkpoints import LoadedModel
 from sedd.commands.checkpoints import load_from_args
 from sedd.commands.output import (
     add_shard_arguments,
@@ -31,10 +34,7 @@ from sedd.commands.output import (
     run_shard,
     write_one_file,
 )
-from sedd.conditions import perturbation_conditions, read_perturbation_file
-from sedd.generate import GenerationRequest
-from sedd.shard_manifest import write_json_atomic
-from sedd.shards import Shard, ShardError, resolve_shard
+from sedd.files import write_json_atomic
 
 
 def _common_parser(description: str) -> argparse.ArgumentParser:
@@ -180,7 +180,7 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
             "predict --out-dir`, `sedd merge`, then `sedd evaluate`."
         )
     loaded = _load(args)
-    from sedd.st3_eval import held_out_reference, perturbseq_metrics
+    from sedd.eval.st3 import held_out_reference, perturbseq_metrics
 
     reference = held_out_reference(
         args.reference_data, loaded, args.condition_key, args.split_key, args.split_value

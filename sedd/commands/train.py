@@ -1,4 +1,4 @@
-"""``sedd train``: train a model from a JSON config (``sedd.train_config.TrainConfig``).
+"""``sedd train``: train a model from a JSON config (``sedd.train.config.TrainConfig``).
 
     sedd train --config configs/pbmc_default.json --out models/pbmc_default
     sedd train --config configs/pbmc_default.json --out models/pbmc_default --resume
@@ -14,8 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from sedd.train import Trainer
-from sedd.train_config import load_train_config
+from sedd.train.config import load_train_config
+from sedd.train.trainer import Trainer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sedd.checkpoint import LoadedModel
+from sedd.checkpoints import LoadedModel
 
 
 def known_perturbations(loaded: LoadedModel) -> list[str]:

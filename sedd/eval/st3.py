@@ -2,8 +2,9 @@
 
 The reference h5ad holds raw counts (``.X``); its genes are aligned to the model's, its cells
 restricted to the held-out split (``obs[split_key] == split_value``, when that column exists).
-The metrics are ``sedd.metrics.evaluate_counts``, per perturbation and overall; the PCA is fitted
-on the reference cells outside the split when there are enough (out-of-sample for both sides).
+The metrics are ``sedd.eval.metrics.evaluate_counts``, per perturbation and overall; the PCA is
+fitted on the reference cells outside the split when there are enough (out-of-sample for both
+sides).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from sedd.anndata_io import GeneAlignmentWarning, align_genes, read_counts
-from sedd.checkpoint import LoadedModel
-from sedd.metrics import MIN_GROUP_CELLS, evaluate_counts
+from sedd.checkpoints import LoadedModel
+from sedd.eval.metrics import MIN_GROUP_CELLS, evaluate_counts
 
 REFERENCE_CONDITION_KEYS = ("perturbation", "target_gene", "gene", "condition", "bulk_labels")
 
@@ -108,7 +109,7 @@ def held_out_reference(
 def perturbseq_metrics(
     reference: HeldOutReference, generated: Path, *, n_pcs: int = 50, seed: int = 0
 ) -> dict[str, Any]:
-    """``sedd.metrics`` of the generated file against the held-out cells, per perturbation."""
+    """``sedd.eval.metrics`` of the generated file against the held-out cells, per perturbation."""
     gen = anndata.read_h5ad(generated)
     if [str(g) for g in gen.var_names] != reference.genes:
         raise ValueError(f"{generated} does not have the model's genes in the model's order.")

@@ -43,12 +43,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from sedd.checkpoint import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, build_model, save_native
+from sedd.checkpoints import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, build_model, save_native
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDPerturbationTransformer, SEDDTransformer, check_inputs
 from sedd.noise import LogLinearNoise, Noise
 from sedd.precision import PrecisionPolicy
-from sedd.train_config import (
+from sedd.train.config import (
     TrainConfig,
     TrainingData,
     check_resumable,

@@ -18,16 +18,15 @@ import pandas as pd
 import scipy.sparse as sp
 
 from sedd.anndata_io import write_cells_h5ad
-from sedd.checkpoint_io import sha256_file
-from sedd.shard_manifest import (
+from sedd.batch.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
     ShardOutputError,
     ShardPaths,
     read_json,
-    write_json_atomic,
 )
-from sedd.shards import Shard, shard_range
+from sedd.batch.shards import Shard, shard_range
+from sedd.files import sha256_file, write_json_atomic
 
 
 class MergeError(ShardOutputError):

@@ -1,7 +1,7 @@
 """What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
 
 An ``EngineJob`` is one request's rows resolved to tensors; ``job_from_request`` builds one from a
-``GenerationRequest`` with the cell numbering of ``sedd.generate.generate`` (cell i on random
+``GenerationRequest`` with the cell numbering of ``sedd.batch.run.generate`` (cell i on random
 stream (seed, i)), and ``validate_job`` checks one against a loaded model before it is queued.
 """
 
@@ -15,8 +15,8 @@ from typing import Literal, Protocol
 
 import torch
 
-from sedd.checkpoint import LoadedModel
-from sedd.generate import GenerationRequest, cell_plan, plan_labels
+from sedd.batch.run import GenerationRequest, cell_plan, plan_labels
+from sedd.checkpoints import LoadedModel
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -179,7 +179,7 @@ def job_from_request(
     loaded: LoadedModel, request: GenerationRequest, deadline: float | None = None
 ) -> EngineJob:
     """The engine job for ``request``: its cells in ``cell_plan`` order, cell i on stream
-    (seed, i), exactly as ``sedd.generate.generate`` numbers them. Unknown names raise
+    (seed, i), exactly as ``sedd.batch.run.generate`` numbers them. Unknown names raise
     ``UnknownLabelError`` (with suggestions) from the loaded model."""
     request.validate()
     plan = cell_plan(loaded, request)

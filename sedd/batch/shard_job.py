@@ -5,7 +5,7 @@ is on disk: a shard whose entry and h5ad hash match is done; otherwise the finis
 (part files) are kept and only the missing cells are generated. ``ShardJob.run`` generates them,
 saving each batch as a part file (temp + rename) the moment it is done, then writes the shard
 h5ad (atomic), then its entry (atomic), then removes the parts. A kill at any point loses at most
-the batch being sampled. File layout: ``sedd.shard_manifest``.
+the batch being sampled. File layout: ``sedd.batch.manifest``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sedd.anndata_io import provenance_uns, write_cells_h5ad
-from sedd.checkpoint import LoadedModel
-from sedd.checkpoint_io import sha256_file
-from sedd.generate import GenerationRequest, cell_plan, generate
-from sedd.precision import PrecisionPolicy
-from sedd.sampling import StepStats
-from sedd.shard_manifest import (
+from sedd.batch.manifest import (
     ShardOutputError,
     ShardPaths,
     claim_request_file,
@@ -36,9 +31,13 @@ from sedd.shard_manifest import (
     request_identity,
     request_record,
     shard_entry,
-    write_json_atomic,
 )
-from sedd.shards import Shard
+from sedd.batch.run import GenerationRequest, cell_plan, generate
+from sedd.batch.shards import Shard
+from sedd.checkpoints import LoadedModel
+from sedd.files import sha256_file, write_json_atomic
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import StepStats
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
 # ``generate`` stats that describe the moment a run ended, not a sum over runs

@@ -10,12 +10,11 @@ directory, as on the command line.
 held-out cells by an obs column, and turns counts into tokens (``sedd.cells.counts_to_tokens``):
 count c is token c for c < num_bins, and token num_bins is the mask. ``model_config`` then
 builds the native ``ModelConfig`` (gene names, label vocabulary, tokens, graph, noise) that
-``sedd.checkpoint.load_checkpoint`` reads back.
+``sedd.checkpoints.load_checkpoint`` reads back.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
@@ -38,6 +37,7 @@ from sedd.config import (
     ST3PerturbationArch,
     TokenConfig,
 )
+from sedd.files import sha256_file
 from sedd.precision import PrecisionError, PrecisionPolicy, resolve_precision
 
 __all__ = [
@@ -50,7 +50,6 @@ __all__ = [
     "load_training_data",
     "lr_factor",
     "model_config",
-    "sha256_of",
     "training_precision",
 ]
 
@@ -204,11 +203,6 @@ def training_precision(amp: str, device: torch.device) -> PrecisionPolicy:
     return resolve_precision(amp, device)
 
 
-def sha256_of(path: str | Path) -> str:
-    with Path(path).open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 @dataclass
 class TrainingData:
     """Tokens of the training and held-out cells, with everything the model config records."""
@@ -267,7 +261,7 @@ def load_training_data(config: TrainConfig) -> TrainingData:
         genes=genes,
         label_names=label_names,
         num_bins=num_bins,
-        data_hash=sha256_of(path),
+        data_hash=sha256_file(path),
         val_clipped=val_clipped,
     )
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sedd.engine_jobs import EngineJob, JobHandle, JobProgress
+from sedd.engine.jobs import EngineJob, JobHandle, JobProgress
 from sedd.graph import Graph
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import Sampler, cell_generators, start_tokens

@@ -3,7 +3,7 @@
 Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave, waiting rows join, then
 one ``Sampler.step`` moves every in-flight row one step on its own job's grid
 linspace(1, eps, steps + 1), followed by the denoise to s = 0, with per-row t, s, temperature,
-predictor, conditioning and generator (``sedd.engine_rows``). Cell i of a job draws from stream
+predictor, conditioning and generator (``sedd.engine.rows``). Cell i of a job draws from stream
 (seed, first_cell + i), so its tokens are those of ``Sampler.sample`` run alone, up to the fp
 noise of batched matmuls.
 
@@ -33,8 +33,8 @@ from concurrent.futures import InvalidStateError
 
 import torch
 
-from sedd.checkpoint import LoadedModel
-from sedd.engine_jobs import (
+from sedd.checkpoints import LoadedModel
+from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
     EngineObserver,
@@ -45,28 +45,11 @@ from sedd.engine_jobs import (
     JobProgress,
     JobResult,
     JobTimeout,
-    job_from_request,
     validate_job,
 )
-from sedd.engine_rows import JobState, RowBlock, Slice, halves, step_slices
+from sedd.engine.rows import JobState, RowBlock, Slice, halves, step_slices
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import Sampler
-
-__all__ = [
-    "Engine",
-    "EngineFull",
-    "EngineJob",
-    "EngineObserver",
-    "EngineStopped",
-    "InvalidTokensError",
-    "JobCancelled",
-    "JobHandle",
-    "JobProgress",
-    "JobResult",
-    "JobTimeout",
-    "is_out_of_memory",
-    "job_from_request",
-]
 
 log = logging.getLogger(__name__)
 

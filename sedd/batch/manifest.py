@@ -19,19 +19,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sedd.checkpoint import LoadedModel
-from sedd.generate import GenerationRequest
+from sedd.batch.run import GenerationRequest
+from sedd.batch.shards import Shard
+from sedd.checkpoints import LoadedModel
+from sedd.files import temporary_beside
 from sedd.precision import PrecisionPolicy
-from sedd.shards import Shard
 
 FORMAT = "sedd-shards/1"
 REQUEST_FILE = "request.json"
@@ -101,34 +100,6 @@ def request_record(identity: Mapping[str, Any], **info: Any) -> dict[str, Any]:
     }
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary name beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _temporary_beside(path) as tmp:
-        tmp.write_text(json.dumps(_finite(obj), indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/Inf -> None: they are not JSON, and jq and most readers reject them."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Mapping):
-        return {key: _finite(value) for key, value in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(value) for value in obj]
-    return obj
-
-
-@contextlib.contextmanager
-def _temporary_beside(path: Path) -> Iterator[Path]:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        yield tmp
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -148,7 +119,7 @@ def claim_request_file(out_dir: Path, record: Mapping[str, Any]) -> dict[str, An
     path = out_dir / REQUEST_FILE
     out_dir.mkdir(parents=True, exist_ok=True)
     if not path.exists():
-        with _temporary_beside(path) as tmp:
+        with temporary_beside(path) as tmp:
             tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
             try:
                 os.link(tmp, path)

@@ -7,7 +7,6 @@ corrupt) after disassembling, never executing, its pickle. safetensors holds no 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import pickle
@@ -39,11 +38,6 @@ def require_file(path: Path, what: str = "file") -> Path:
             + "; check the path."
         )
     return path
-
-
-def sha256_file(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _corrupt(path: Path, err: Exception, detail: str | None = None) -> CheckpointError:

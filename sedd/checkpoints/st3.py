@@ -23,17 +23,16 @@ from typing import Any
 
 import torch
 
-from sedd.checkpoint import (
+from sedd.checkpoints.io import (
     CheckpointError,
-    SourceParts,
-)
-from sedd.checkpoint_io import (
     read_json,
     read_safetensors,
     read_torch_file,
     require_file,
-    sha256_file,
     strip_wrapper_prefixes,
+)
+from sedd.checkpoints.loaded import (
+    SourceParts,
 )
 from sedd.config import (
     GraphConfig,
@@ -44,6 +43,7 @@ from sedd.config import (
     ST3PerturbationArch,
     TokenConfig,
 )
+from sedd.files import sha256_file
 
 __all__ = [
     "choose_st3_checkpoint",

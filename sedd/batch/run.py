@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sedd.batch.conditions import known_perturbations
 from sedd.cells import tokens_to_counts
-from sedd.checkpoint import LoadedModel
-from sedd.conditions import known_perturbations
+from sedd.checkpoints import LoadedModel
 from sedd.monitor import Monitor, MonitorSnapshot
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import AnalyticSampler, EulerSampler, Sampler, StepStats

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from scipy.cluster.hierarchy import leaves_list, linkage
 from scipy.spatial.distance import squareform
 
-from sedd.metrics import EvaluationArrays
+from sedd.eval.metrics import EvaluationArrays
 
 REAL_COLOUR = "#1f77b4"
 GEN_COLOUR = "#d62728"

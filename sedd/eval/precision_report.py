@@ -29,7 +29,7 @@ from torch import nn
 
 from sedd.anndata_io import align_genes, read_counts
 from sedd.cells import counts_to_tokens
-from sedd.checkpoint import LoadedModel
+from sedd.checkpoints import LoadedModel
 from sedd.precision import PrecisionPolicy, resolve_precision
 
 

@@ -20,20 +20,19 @@ from typing import Any
 
 import torch
 
-from sedd.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
+from sedd.checkpoints.io import (
     CheckpointError,
-    SourceParts,
-    build_model,
-)
-from sedd.checkpoint_io import (
     read_json,
     read_safetensors,
     read_torch_file,
     require_file,
-    sha256_file,
     strip_wrapper_prefixes,
+)
+from sedd.checkpoints.loaded import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    SourceParts,
+    build_model,
 )
 from sedd.config import (
     DDiTArch,
@@ -44,6 +43,7 @@ from sedd.config import (
     Provenance,
     TokenConfig,
 )
+from sedd.files import sha256_file
 
 __all__ = ["config_from_reference", "load_sedd_hf", "load_sedd_run"]
 

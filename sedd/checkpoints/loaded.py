@@ -1,0 +1,178 @@
+"""What every checkpoint layout reader shares: the loaded model, the parts a reader hands back,
+strict weight matching, building a network from its config, and the label errors.
+
+The layout readers (``native``, ``st3``, ``reference``) import this module and nothing above it;
+``sedd.checkpoints.load`` picks the reader.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from sedd.checkpoints.io import CheckpointError, read_json
+from sedd.config import ModelConfig
+from sedd.ddit import DDiT
+from sedd.graph import Graph
+from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
+from sedd.noise import Noise
+
+Layout = Literal["native", "st3", "sedd_hf", "sedd_run"]
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+VECTORS_FILE = "perturbation_vectors.safetensors"
+
+
+class UnknownLabelError(ValueError):
+    """A perturbation or cell-type name the model does not know; ``suggestions`` are close ones."""
+
+    def __init__(self, name: str, kind: str, known: Sequence[str], hint: str = "") -> None:
+        self.name, self.kind = name, kind
+        # Case-insensitive: "gene_a" should suggest "GENE_A" first.
+        folded = {k.casefold(): k for k in reversed(known)}
+        close = difflib.get_close_matches(name.casefold(), list(folded), n=3)
+        self.suggestions: list[str] = [folded[k] for k in close]
+        if not known:
+            message = f"unknown {kind} {name!r}: this model has no {kind} names. {hint}".strip()
+        else:
+            message = f"unknown {kind} {name!r}"
+            if self.suggestions:
+                message += f"; did you mean {', '.join(map(repr, self.suggestions))}?"
+            shown = ", ".join(map(repr, list(known)[:10])) + (", ..." if len(known) > 10 else "")
+            message += f" The model knows {len(known)}: {shown}."
+        super().__init__(message)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to serve: eval mode, fp32, on the requested device."""
+
+    model: nn.Module
+    config: ModelConfig
+    noise: Noise
+    graph: Graph
+    path: Path  # the source as given (directory or file)
+    file_hash: str  # sha256 of the weights file
+    perturbation_vectors: dict[str, torch.Tensor] | None = None  # name -> (E,) on the device
+    layout: Layout = "native"
+    weights_file: Path | None = None
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def label_index(self, name: str) -> int:
+        """Index of perturbation ``name`` in the model's label embedding."""
+        names = self.config.perturbations or []
+        if name in names:
+            return names.index(name)
+        hint = "Pass the training label mapping with --perturbations FILE."
+        raise UnknownLabelError(name, "perturbation", names, hint)
+
+    def cell_type_index(self, name: str) -> int:
+        names = self.config.cell_types or []
+        if name in names:
+            return names.index(name)
+        raise UnknownLabelError(name, "cell type", names)
+
+    def perturbation_labels(self, names: Sequence[str]) -> torch.Tensor:
+        """Model input for perturbation ``names``: vectors (B, E) when the model has a vector
+        file, else indices (B,)."""
+        if self.perturbation_vectors is not None:
+            missing = [n for n in names if n not in self.perturbation_vectors]
+            if missing:
+                raise UnknownLabelError(missing[0], "perturbation", list(self.perturbation_vectors))
+            return torch.stack([self.perturbation_vectors[n] for n in names])  # (B, E)
+        indices = [self.label_index(n) for n in names]
+        return torch.tensor(indices, dtype=torch.long, device=self.device)  # (B,)
+
+    def cell_type_labels(self, names: Sequence[str]) -> torch.Tensor:
+        indices = [self.cell_type_index(n) for n in names]
+        return torch.tensor(indices, dtype=torch.long, device=self.device)  # (B,)
+
+
+@dataclass
+class SourceParts:
+    """What a layout reader hands back: a config and the weights it describes."""
+
+    config: ModelConfig
+    state: dict[str, torch.Tensor]
+    weights_file: Path
+    file_hash: str
+    vectors: dict[str, torch.Tensor] | None = None
+    described_by: str = CONFIG_FILE  # where the expected shapes come from (for messages)
+    notes: list[str] = field(default_factory=list)  # warnings for the caller of load_checkpoint
+
+
+def _listing(keys: Sequence[str], limit: int = 12) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def load_state_strict(model: nn.Module, state: Mapping[str, Any], parts: SourceParts) -> None:
+    """Copy ``state`` into ``model``; every key must match by name and shape."""
+    file = parts.weights_file
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        problems = []
+        if missing:
+            problems.append(f"missing keys (the model needs them): {_listing(missing)}")
+        if unexpected:
+            problems.append(
+                f"unexpected keys (the model has no such weights): {_listing(unexpected)}"
+            )
+        raise CheckpointError(
+            f"{file} does not match the {parts.config.architecture} model described by "
+            f"{parts.described_by}: {'; '.join(problems)}. Check that the file and "
+            f"{parts.described_by} come from the same model, or pick another checkpoint."
+        )
+    for key, target in expected.items():
+        value = state[key]
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{file}: {key!r} is a {type(value).__name__}, not a tensor.")
+        if value.shape != target.shape:
+            raise CheckpointError(
+                f"{file}: shape mismatch for {key!r}: expected {tuple(target.shape)} (from "
+                f"{parts.described_by}), found {tuple(value.shape)}. Make {parts.described_by} "
+                "describe this checkpoint, or pick the checkpoint it describes."
+            )
+    model.load_state_dict(state, strict=True)  # copies (and casts) into the fp32 parameters
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """A freshly initialised network of the architecture ``config`` describes."""
+    kwargs = config.arch.model_dump()
+    match config.architecture:
+        case "st3":
+            return SEDDTransformer(**kwargs)
+        case "st3_perturbation":
+            return SEDDPerturbationTransformer(**kwargs)
+        case "ddit":
+            return DDiT(**kwargs)
+
+
+def read_model_config(path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.model_validate(read_json(path))
+    except ValidationError as err:
+        raise CheckpointError(f"{path} is not a valid model config: {problems(err)}") from None
+
+
+def problems(err: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in err.errors()
+    )
