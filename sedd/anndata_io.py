@@ -1,7 +1,7 @@
 """AnnData in and out: integer counts in the model's gene order, provenance in ``uns``.
 
 - ``read_counts``: an AnnData whose ``.X`` is integer counts, from ``.X``, a layer, or recovered
-  from log-normalised ``.raw.X`` (scanpy's pbmc68k_reduced layout, see FIELD.md).
+  from log-normalised ``.raw.X`` (scanpy's pbmc68k_reduced layout).
 - ``align_genes``: columns reordered to the model's gene list.
 - ``write_cells_h5ad``: generated cells with gene names, obs labels and provenance, written
   atomically (a reader never sees a half-written file).
@@ -188,7 +188,7 @@ def provenance_uns(
 ) -> dict[str, Any]:
     """The provenance to pass as ``uns``: ``{"sedd": {...}}``.
 
-    Holds the sampler settings, the precision record (PRECISION.md rule 8), the checkpoint
+    Holds the sampler settings, the precision record (docs/precision.md rule 8), the checkpoint
     hash, timings, package versions and a UTC timestamp. No hostname or user is stored.
     ``extra`` adds keys (it may not overwrite the ones above).
     """

@@ -4,7 +4,7 @@ For each case (model shape, genes, batch size, steps) one randomly initialised s
 built in fp32 and sampled with the same seeds under each precision, alternating runs so that
 drift in machine load hits both equally. Reported per precision: cells/s, tokens/s (cells x genes
 per second), ms per forward, peak memory, and the bf16 / fp32 ratios. Score parity (max and mean
-|log p(bf16) - log p(fp32)| over the clean tokens, PRECISION.md "Parity") is measured on fixed
+|log p(bf16) - log p(fp32)| over the clean tokens, docs/precision.md "Parity") is measured on fixed
 inputs.
 
 Peak memory: see ``sedd.monitor.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).

@@ -1,4 +1,4 @@
-"""The precision policy (../shared/PRECISION.md), in one place.
+"""The precision policy (docs/precision.md), in one place.
 
 This is the only module that enters ``torch.autocast`` or casts around a model:
 
@@ -220,7 +220,7 @@ class PrecisionPolicy:
 def resolve_precision(
     requested: AmpName | str, device: torch.device | str, tf32: bool = False
 ) -> PrecisionPolicy:
-    """Apply the device rules (PRECISION.md rule 6) and return a policy.
+    """Apply the device rules (docs/precision.md rule 6) and return a policy.
 
     - CUDA: bf16 needs ``torch.cuda.is_bf16_supported()``; fp16 is allowed.
     - CPU: bf16 is allowed (with a warning where the CPU lacks native bf16, since it is then

@@ -106,11 +106,13 @@ def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
 
     Probabilities need not be normalised; negatives count as 0. The CDF is accumulated in fp64,
-    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it, FIELD.md). A
+    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
     zero-probability category is never returned.
     """
     if uniforms.dtype != torch.float64:
-        raise TypeError(f"uniforms must be float64 (PRECISION.md rule 4), got {uniforms.dtype}.")
+        raise TypeError(
+            f"uniforms must be float64 (docs/precision.md rule 4), got {uniforms.dtype}."
+        )
     cdf = probs.clamp_min(0).double().cumsum(dim=-1)  # (M, V)
     total = cdf[:, -1:]
     target = torch.minimum(

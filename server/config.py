@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     )
     device: str = Field(default="auto", description="'auto' (cuda if available), 'cpu', 'cuda:0'")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        default="auto", description="autocast dtype of the model forward (PRECISION.md)"
+        default="auto", description="autocast dtype of the model forward (docs/precision.md)"
     )
     max_cells_per_request: int = Field(default=256, ge=1, le=100_000)
     max_steps: int = Field(default=1000, ge=1, le=100_000)

@@ -165,7 +165,7 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(
                 500,
                 "the sampler left mask or out-of-range tokens; no cells "
-                "were returned (PRECISION.md rule 5)",
+                "were returned (docs/precision.md rule 5)",
             )
         case ValueError():  # the library's user-caused errors (bad field values)
             return HTTPFailure(422, str(exc))

@@ -129,7 +129,7 @@ class ImputeRequest(SamplingOptions):
 
 
 class PrecisionRecord(BaseModel):
-    """PRECISION.md rule 8; ``fp32_fallbacks`` counts this request's rows only."""
+    """docs/precision.md rule 8; ``fp32_fallbacks`` counts this request's rows only."""
 
     amp_dtype: str
     weight_dtype: str

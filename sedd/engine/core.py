@@ -18,7 +18,7 @@ noise of batched matmuls.
   and retried, and a single job that still runs out alone fails with the error. Any other error
   (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job is retried
   alone and only those that fail again fail. A finished job holding a mask or out-of-range token
-  fails (PRECISION.md rule 5). Nothing a job does stops the engine.
+  fails (docs/precision.md rule 5). Nothing a job does stops the engine.
 * The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
 """
 
@@ -252,7 +252,7 @@ class Engine:
         if bool((tokens < 0).any() or (tokens >= real).any()):
             bad = InvalidTokensError(
                 f"job {st.handle.job_id} ended with mask or out-of-range tokens; they are not "
-                "returned (PRECISION.md rule 5)."
+                "returned (docs/precision.md rule 5)."
             )
             self._finish(st, None, bad)
             return

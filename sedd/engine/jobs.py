@@ -56,7 +56,7 @@ class JobResult:
     queue_seconds: float  # submit -> first rows admitted
     compute_seconds: float  # first rows admitted -> done
     forwards: int  # model forwards the job's rows took part in
-    fp32_fallbacks: int  # the job's rows recomputed in fp32 (PRECISION.md rule 5)
+    fp32_fallbacks: int  # the job's rows recomputed in fp32 (docs/precision.md rule 5)
 
 
 class EngineFull(Exception):

@@ -11,7 +11,7 @@ every position; the mask class is excluded from its softmax, as in the sampler.
   reads in nats per gene.
 * ``"masked_ce"``: st3's objective, the unweighted mean cross-entropy over masked positions.
 
-Precision (../shared/PRECISION.md, "Training"): autocast (``PrecisionPolicy.autocast``) covers the
+Precision (docs/precision.md, "Training"): autocast (``PrecisionPolicy.autocast``) covers the
 forward that produces the loss input; logits are cast ``.float()`` and the loss runs in fp32.
 GradScaler only for fp16 on CUDA, in the order scale(loss).backward -> unscale_ -> clip -> step ->
 update. Accumulation divides the loss by ``accum_steps`` and clips once per optimizer step; the
