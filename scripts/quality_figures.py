@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from sedd.anndata_io import read_counts
-from sedd.batch.run import GenerationRequest, generate
+from sedd.batch.requests import GenerationRequest
+from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.commands.checkpoints import DEFAULT_MODEL
 from sedd.eval.metrics import (

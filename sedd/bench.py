@@ -19,12 +19,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from sedd.engine import Engine, EngineJob, JobLimits, JobResult
+from sedd.engine.offline import run_job
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDTransformer
 from sedd.monitor import PeakMemory
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.sampling import EulerSampler, StepStats
+from sedd.sampling import Sampler
 
 
 @dataclass(frozen=True)
@@ -65,20 +67,31 @@ class RunFigures:
         }
 
 
-def _timed_sample(sampler: EulerSampler, case: BenchCase, seed: int) -> tuple[float, int, float]:
-    forwards = 0
+class _ForwardCounter:
+    """Engine observer counting the model forwards the engine actually ran."""
 
-    def count(_: StepStats) -> None:
-        nonlocal forwards
-        forwards += 1
+    def __init__(self) -> None:
+        self.forwards = 0
 
+    def on_forward(self, rows: int, seconds: float) -> None:
+        self.forwards += 1
+
+    def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
+        return None
+
+
+def _timed_sample(sampler: Sampler, case: BenchCase, seed: int) -> tuple[float, int, float]:
+    """One batch of ``case.batch`` cells through the engine: (seconds, forwards, peak MiB)."""
+    counter = _ForwardCounter()
+    limits = JobLimits.of_module(sampler.model, case.genes)
+    engine = Engine(sampler, limits, max_rows_per_forward=case.batch, observer=counter)
     with PeakMemory(sampler.device) as peak:
         start = time.perf_counter()
-        sampler.sample(case.batch, steps=case.steps, seed=seed, on_step=count)
+        run_job(engine, EngineJob(case.batch, case.steps, seed=seed))
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds = time.perf_counter() - start
-    return seconds, forwards, peak.mib
+    return seconds, counter.forwards, peak.mib
 
 
 def score_parity(
@@ -98,7 +111,7 @@ def score_parity(
     sigma = (torch.rand(rows, generator=gen) * 6.9).to(device)
     out = {}
     for name, pol in (("test", policy), ("fp32", baseline)):
-        logits = pol.forward(model, x, sigma, positions=masked)  # (M, V) fp32
+        logits = pol.forward(model, x, sigma, positions=masked).scores  # (M, V) fp32
         out[name] = torch.log_softmax(logits[:, : model.mask_index], dim=-1)
     diff = (out["test"] - out["fp32"]).abs()
     return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean())}
@@ -118,7 +131,7 @@ def run_case(
     noise, graph = LogLinearNoise(), AbsorbingGraph(num_bins)
     policies = {name: resolve_precision(name, device) for name in precisions}
     samplers = {
-        name: EulerSampler(model, noise, graph, precision=pol) for name, pol in policies.items()
+        name: Sampler(model, noise, graph, precision=pol) for name, pol in policies.items()
     }
     figures = {name: RunFigures(name) for name in precisions}
     warm = BenchCase(case.hidden, case.layers, case.heads, case.genes, min(case.batch, 2), 2)

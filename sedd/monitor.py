@@ -10,8 +10,9 @@
 - GPU utilisation and device memory from NVML, only when ``pynvml`` (package ``nvidia-ml-py``)
   imports and the monitored device is a CUDA GPU; otherwise those fields are ``None``.
 
-Hook it into a sampler with ``on_step=monitor.on_step`` (one call per model forward; the
-engine's observer calls ``add_forward(rows)``) and call ``add_cells(n)`` when a batch finishes.
+A ``Monitor`` is an engine observer (``Engine(..., observer=monitor)``): the engine calls
+``on_forward`` after every packed forward and ``on_job_done`` when a job ends, so forwards are
+counted as they really ran. ``add_forward`` / ``add_cells`` count by hand.
 ``sedd.batch.run.generate`` reports its stats from one; the server keeps one per app.
 ``PeakMemory`` measures the peak memory of one block (benchmarks):
 ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the peak resident set size above the level at
@@ -45,8 +46,8 @@ def process_rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-class _StepLike(Protocol):
-    rows: int
+class _JobLike(Protocol):
+    num_cells: int
 
 
 def process_peak_rss_bytes() -> int:
@@ -201,9 +202,14 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def on_step(self, stats: _StepLike | None = None) -> None:
-        """One model forward (a sampler's ``on_step`` hook); counts its batch rows if given."""
-        self.add_forward(int(stats.rows) if stats is not None else 0)
+    def on_forward(self, rows: int, seconds: float) -> None:
+        """Engine observer: one packed forward over ``rows`` rows."""
+        self.add_forward(rows)
+
+    def on_job_done(self, job: _JobLike, result: object, outcome: str) -> None:
+        """Engine observer: a job ended; its cells count when it succeeded."""
+        if outcome == "ok":
+            self.add_cells(job.num_cells)
 
     def add_forward(self, rows: int = 0) -> None:
         """One model forward over ``rows`` batch rows."""

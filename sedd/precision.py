@@ -5,8 +5,8 @@ This is the only module that enters ``torch.autocast`` or casts around a model:
 * ``resolve_precision`` turns a user's request ("auto", "bf16", "fp16", "fp32") and a device into
   a ``PrecisionPolicy``, failing fast with a message that says what to use instead (rule 6).
 * ``PrecisionPolicy.forward`` runs the model forward under autocast and hands the sampler an fp32
-  tensor (rules 2 and 3). Rows whose output is not finite are recomputed in fp32 and counted
-  (rule 5).
+  tensor (rules 2 and 3). Rows whose output is not finite are recomputed in fp32 and returned
+  with it (rule 5), so whoever owns those rows counts them (no counters on the policy).
 * ``fp32_region`` is the fp32 island a model uses for numerically sensitive tails (e.g. the
   ``log(expm1(sigma))`` scaling of a SEDD score network).
 * ``PrecisionPolicy.record`` is what every output stores (rule 8).
@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
 
 import torch
 
@@ -104,21 +104,25 @@ def _device_supports_bf16(device: torch.device) -> bool:
             return False
 
 
-@dataclass
-class PrecisionPolicy:
-    """How model forwards run on one device.
+class ScoreOutput(NamedTuple):
+    """What ``PrecisionPolicy.forward`` returns: the fp32 output and the rows it redid in fp32."""
 
-    ``amp_dtype`` is ``None`` for plain fp32. ``fp32_fallbacks`` counts rows recomputed in fp32
-    because their reduced-precision output was not finite; it goes into every precision record.
+    scores: torch.Tensor  # (M, V) at the selected positions, or (B, L, V); fp32
+    fp32_fallback_rows: tuple[int, ...]  # batch rows recomputed in fp32 (rule 5); usually ()
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """How model forwards run on one device. ``amp_dtype`` is ``None`` for plain fp32.
+
+    Stateless: ``forward`` returns the rows it recomputed in fp32 instead of counting them, so
+    one policy serves any number of runs and requests, each counting its own fallbacks.
     """
 
     device: torch.device
     amp_dtype: torch.dtype | None = torch.bfloat16
     tf32: bool = False
     weight_dtype: torch.dtype = torch.float32
-    fp32_fallbacks: int = field(default=0)
-    # Rows of the latest forward's batch that were recomputed in fp32 (for per-request counts).
-    last_fallback_rows: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -142,23 +146,22 @@ class PrecisionPolicy:
         labels: torch.Tensor | None = None,
         cell_types: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Run ``model`` under this policy and return its output in fp32.
+    ) -> ScoreOutput:
+        """Run ``model`` under this policy; its output comes back in fp32.
 
         x: (B, L) tokens; sigma: (B,) total noise per row. ``positions`` (B, L) bool selects the
-        positions the sampler needs; the output is then (M, V) for the M selected positions
+        positions the sampler needs; the scores are then (M, V) for the M selected positions
         (row-major), otherwise (B, L, V). A row whose output holds NaN/Inf is recomputed in fp32
-        (rule 5); if fp32 fails too, ``NonFiniteScoreError`` is raised.
+        (rule 5) and listed in ``fp32_fallback_rows``; if fp32 fails too,
+        ``NonFiniteScoreError`` is raised.
         """
         with torch.inference_mode(), self.autocast():
             raw = model(x, sigma, labels=labels, cell_types=cell_types)  # (B, L, V)
         out = self._gather_fp32(raw, positions)
         bad_rows = self._bad_rows(out, positions, x.shape[0])
-        self.last_fallback_rows = tuple(bad_rows.tolist())
         if bad_rows.numel() == 0:
-            return out
+            return ScoreOutput(out, ())
         # precision: rule 5, recompute only the affected rows with autocast off.
-        self.fp32_fallbacks += int(bad_rows.numel())
         with torch.inference_mode(), torch.autocast(self.device.type, enabled=False):
             redo = model(
                 x[bad_rows],
@@ -171,16 +174,17 @@ class PrecisionPolicy:
                 f"model output is not finite for rows {bad_rows.tolist()} even in fp32; "
                 "check the checkpoint weights and the inputs."
             )
+        rows = tuple(bad_rows.tolist())
         if positions is None:
             out[bad_rows] = redo
-            return out
+            return ScoreOutput(out, rows)
         full = torch.zeros(x.shape[0], *redo.shape[1:], dtype=out.dtype, device=out.device)
         full[bad_rows] = redo
         fixed = full[positions]  # (M, V), only the redone rows are non-zero
         row_of = self._row_of_position(positions)
         redone = torch.isin(row_of, bad_rows)
         out[redone] = fixed[redone]
-        return out
+        return ScoreOutput(out, rows)
 
     @staticmethod
     def _gather_fp32(raw: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
@@ -205,15 +209,16 @@ class PrecisionPolicy:
         rows = self._row_of_position(positions)[bad_positions]
         return torch.unique(rows)
 
-    def record(self) -> dict[str, object]:
-        """The precision record stored with every output (rule 8)."""
+    def record(self, fp32_fallbacks: int = 0) -> dict[str, object]:
+        """The precision record stored with every output (rule 8), with the output's own count
+        of rows recomputed in fp32."""
         return {
             "amp_dtype": self.name,
             "weight_dtype": str(self.weight_dtype).removeprefix("torch."),
             "tf32": self.tf32,
             "device": str(self.device),
             "torch_version": str(torch.__version__),
-            "fp32_fallbacks": self.fp32_fallbacks,
+            "fp32_fallbacks": int(fp32_fallbacks),
         }
 
 

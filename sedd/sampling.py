@@ -1,10 +1,13 @@
-"""Reverse-diffusion samplers: one stateless step, one visible loop.
+"""The reverse step: transition probabilities, fp64 draws, the final denoise. No loop here.
 
-A sampler holds the model, noise schedule, graph and precision policy; it keeps no per-request
-state, so one instance serves any number of requests. Randomness comes from one
-``torch.Generator`` per row (cell): a cell's draws depend only on its own generator, never on
-which other rows share its batch. ``cell_generators(seed, cell_indices)`` derives them, so cell i
-of a request is reproducible from (seed, i) alone.
+A ``Sampler`` holds the model, noise schedule, graph and precision policy; it keeps no per-request
+state, so one instance serves any number of requests. The loop over time (``time_grid``) is the
+batching engine's (``sedd.engine``): every path that samples cells submits jobs to it, and
+``sedd.samplers`` keeps st3's ``EulerSampler(...).sample(...)`` as a thin call into it.
+
+Randomness comes from one ``torch.Generator`` per row (cell): a cell's draws depend only on its
+own generator, never on which other rows share its batch. ``cell_generators(seed, cell_indices)``
+derives them, so cell i of a request is reproducible from (seed, i) alone.
 
 The reverse step from time t to s < t (per row) at the positions that can still change:
 
@@ -23,8 +26,7 @@ the first of N uniform steps (st3 draws p_unmask = 1 - exp(-sigma'(t) dt), ~100%
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,16 +46,24 @@ _CHUNK_POSITIONS = 1 << 16
 
 
 @dataclass(frozen=True)
-class StepStats:
-    """What the per-step hook receives."""
+class StepOutput:
+    """What ``Sampler.step`` returns (diffusers' ``SchedulerOutput``, for discrete tokens)."""
 
-    step: int  # 1-based; the final denoise is step == steps + 1
-    steps: int
-    t: float
-    rows: int
-    fraction_masked: float  # of all positions in the batch after this step (0 for uniform graphs)
-    seconds: float
-    fp32_fallbacks: int
+    tokens: torch.Tensor  # (B, L) the new tokens; the input is not modified
+    fp32_fallback_rows: tuple[int, ...] = ()  # rows whose score was recomputed in fp32
+
+
+def time_grid(steps: int, eps: float = 1e-5) -> torch.Tensor:
+    """The reverse-time grid, (steps + 1,) fp64: ``steps`` uniform steps from t = 1 to t = eps.
+
+    The only place the grid is built. A row walks t_0 = 1 > t_1 > ... > t_steps = eps, then the
+    final denoise takes it from eps to 0.
+    """
+    if steps < 1:
+        raise ValueError(f"`steps` must be >= 1, got {steps}.")
+    if not 0.0 < eps < 1.0:
+        raise ValueError(f"`eps` must be in (0, 1), got {eps}.")
+    return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
 
 
 def cell_generators(
@@ -137,10 +147,11 @@ def _temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tenso
 
 
 class Sampler:
-    """Reverse-diffusion sampler over a score model (see ``sedd.model`` for the protocol).
+    """The reverse step over a score model (see ``sedd.model`` for the protocol).
 
-    ``predictor`` selects the Euler or analytic (Tweedie) step. ``use_amp``/``amp_dtype`` follow
-    st3's constructor; ``precision`` (a resolved ``PrecisionPolicy``) overrides them.
+    ``predictor`` is the default Euler or analytic (Tweedie) step of rows that do not choose
+    (``step(analytic=...)`` chooses per row). ``use_amp``/``amp_dtype`` follow st3's constructor;
+    ``precision`` (a resolved ``PrecisionPolicy``) overrides them.
     """
 
     predictor: Predictor = "euler"
@@ -198,7 +209,7 @@ class Sampler:
         temperature: float | torch.Tensor = 1.0,
         fixed: torch.Tensor | None = None,
         analytic: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> StepOutput:
         """One reverse step of every row from time t to s (both (B,), fp64; rows may differ).
 
         x: (B, L) tokens; ``generators``: one per row (each cell its own stream), or a single one
@@ -206,7 +217,7 @@ class Sampler:
         ``fixed`` (B, L) bool marks given positions that never change (imputation).
         ``analytic`` (B,) bool picks the analytic step per row (default: this sampler's
         predictor for all rows), so requests of both predictors can share one forward.
-        Returns the new (B, L) tokens; ``x`` is not modified.
+        Returns the new (B, L) tokens (``x`` is not modified) and the rows recomputed in fp32.
         """
         num_rows = x.shape[0]
         if len(generators) not in (1, num_rows):
@@ -217,11 +228,11 @@ class Sampler:
         if fixed is not None:
             active &= ~fixed
         if not active.any():
-            return x
+            return StepOutput(x)
         t = t.to(device=x.device, dtype=torch.float64)
         s = s.to(device=x.device, dtype=torch.float64)
         sigma_t = self.noise.total_noise(t)  # (B,)
-        out = self.precision.forward(  # (M, V) fp32 at the active positions
+        out, fallback_rows = self.precision.forward(  # (M, V) fp32 at the active positions
             self.model, x, sigma_t.float(), labels, cell_types, positions=active
         )
         per_row = active.sum(dim=1)
@@ -250,22 +261,34 @@ class Sampler:
             new[sl] = self._draw(probs, uniforms[sl], s[r] <= 0)
         x_next = x.clone()
         x_next[active] = new
-        return x_next
+        return StepOutput(x_next, fallback_rows)
 
     @staticmethod
     def _uniforms(
         generators: Sequence[torch.Generator], per_row: torch.Tensor, device: torch.device
     ) -> torch.Tensor:
-        """fp64 uniforms for the active positions, row-major, from the rows' generators."""
+        """fp64 uniforms for the active positions, row-major, from the rows' generators.
+
+        Consecutive rows sharing one generator (a job with one stream for all its rows) draw in
+        one call: the same numbers, in the same order, as one call per row.
+        """
         if len(generators) == 1:
             total = int(per_row.sum())
             return torch.rand(total, generator=generators[0], dtype=torch.float64, device=device)
+        counts = per_row.tolist()
+        runs: list[tuple[torch.Generator, int]] = []
+        for g, n in zip(generators, counts, strict=True):
+            if runs and runs[-1][0] is g:
+                runs[-1] = (g, runs[-1][1] + int(n))
+            else:
+                runs.append((g, int(n)))
         return torch.cat(
             [
-                torch.rand(int(n), generator=g, dtype=torch.float64, device=device)
-                for g, n in zip(generators, per_row.tolist(), strict=True)
+                torch.rand(n, generator=g, dtype=torch.float64, device=device)
+                for g, n in runs
                 if n > 0
             ]
+            or [torch.empty(0, dtype=torch.float64, device=device)]
         )
 
     def denoise(
@@ -277,7 +300,7 @@ class Sampler:
         cell_types: torch.Tensor | None = None,
         temperature: float | torch.Tensor = 1.0,
         fixed: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> StepOutput:
         """Final denoise at time t: every remaining mask becomes a real token."""
         return self.step(
             x, t, torch.zeros_like(t), generators, labels, cell_types, temperature, fixed
@@ -336,149 +359,3 @@ class Sampler:
         if self.denoise_mode == "argmax" and final.any():
             drawn[final] = probs[final].argmax(dim=-1)
         return drawn
-
-    # ---- the loop -------------------------------------------------------------------------
-
-    def sample(
-        self,
-        num_cells: int | None = None,
-        *,
-        steps: int,
-        num_genes: int | None = None,
-        seed: int | None = None,
-        first_cell: int = 0,
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
-        labels: torch.Tensor | None = None,
-        cell_types: torch.Tensor | None = None,
-        temperature: float = 1.0,
-        x_init: torch.Tensor | None = None,
-        fixed: torch.Tensor | None = None,
-        denoise: bool = True,
-        eps: float = 1e-5,
-        on_step: Callable[[StepStats], None] | None = None,
-    ) -> torch.Tensor:
-        """Draw ``num_cells`` sequences of ``num_genes`` tokens with ``steps`` reverse steps.
-
-        Randomness: ``seed`` (cell i draws from its own stream (seed, first_cell + i), whatever
-        the batch), or ``generator`` (one request generator shared by all
-        rows, or one per row). Imputation: ``x_init`` holds given tokens (mask elsewhere for
-        absorbing graphs) and ``fixed`` marks them; they are never changed.
-        Time runs over linspace(1, eps, steps + 1); with ``denoise`` the last step goes to 0.
-        """
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}.")
-        if not 0.0 < eps < 1.0:
-            raise ValueError(f"eps must be in (0, 1), got {eps}.")
-        x = self._initial_tokens(num_cells, num_genes, x_init, fixed, labels)
-        num_rows = x.shape[0]
-        gens = self._row_generators(num_rows, seed, first_cell, generator)
-        if x_init is None and not self.graph.absorb:  # a random start, from the cells' streams
-            x = start_tokens(
-                self.graph, num_rows, x.shape[1], self.device,
-                seed=seed, first_cell=first_cell, generators=gens,
-            )  # fmt: skip
-        fixed = None if fixed is None else fixed.to(x.device)
-        timesteps = torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
-        fallbacks_before = self.precision.fp32_fallbacks
-        total = steps + (1 if denoise else 0)
-        for i in range(total):
-            start = time.perf_counter()
-            t = timesteps[i].expand(num_rows)
-            s = timesteps[i + 1].expand(num_rows) if i < steps else torch.zeros(num_rows)
-            x = self.step(x, t, s, gens, labels, cell_types, temperature, fixed)
-            if on_step is not None:
-                on_step(self._stats(i + 1, steps, float(t[0]), x, start, fallbacks_before))
-        return x
-
-    def _stats(
-        self, step: int, steps: int, t: float, x: torch.Tensor, start: float, fallbacks_before: int
-    ) -> StepStats:
-        masked = 0.0
-        if self.graph.absorb:
-            masked = float((x == self.graph.dim - 1).float().mean())
-        return StepStats(
-            step=step,
-            steps=steps,
-            t=t,
-            rows=x.shape[0],
-            fraction_masked=masked,
-            seconds=time.perf_counter() - start,
-            fp32_fallbacks=self.precision.fp32_fallbacks - fallbacks_before,
-        )
-
-    def _initial_tokens(
-        self,
-        num_cells: int | None,
-        num_genes: int | None,
-        x_init: torch.Tensor | None,
-        fixed: torch.Tensor | None,
-        labels: torch.Tensor | None,
-    ) -> torch.Tensor:
-        if x_init is not None:
-            x = x_init.to(self.device, dtype=torch.long)
-            if x.ndim != 2:
-                raise ValueError(f"x_init must be (cells, genes), got shape {tuple(x.shape)}.")
-            if fixed is not None and fixed.shape != x.shape:
-                raise ValueError(
-                    f"fixed must have x_init's shape {tuple(x.shape)}, got {tuple(fixed.shape)}."
-                )
-            if fixed is not None and self.graph.absorb and (x[fixed] == self.graph.dim - 1).any():
-                raise ValueError("fixed positions must hold real tokens, not the mask.")
-            return x
-        if num_cells is None:
-            num_cells = labels.shape[0] if labels is not None else None
-        if num_cells is None or num_cells < 1:
-            raise ValueError(f"num_cells must be >= 1, got {num_cells}.")
-        num_genes = num_genes if num_genes is not None else getattr(self.model, "num_genes", None)
-        if num_genes is None or num_genes < 1:
-            raise ValueError(f"num_genes must be >= 1, got {num_genes}.")
-        if labels is not None and labels.shape[0] != num_cells:
-            raise ValueError(f"labels has {labels.shape[0]} rows but num_cells is {num_cells}.")
-        return self.graph.sample_limit(num_cells, num_genes, device=self.device)
-
-    def _row_generators(
-        self,
-        num_rows: int,
-        seed: int | None,
-        first_cell: int,
-        generator: torch.Generator | Sequence[torch.Generator] | None,
-    ) -> list[torch.Generator]:
-        if seed is not None and generator is not None:
-            raise ValueError("pass either seed or generator, not both.")
-        if isinstance(generator, torch.Generator):
-            return [generator]
-        if generator is not None:
-            if len(generator) != num_rows:
-                raise ValueError(f"need one generator per row: {num_rows} rows, {len(generator)}.")
-            return list(generator)
-        if seed is None:
-            raise ValueError("pass seed= or generator=: every draw must be reproducible.")
-        return cell_generators(seed, range(first_cell, first_cell + num_rows), self.device)
-
-
-class EulerSampler(Sampler):
-    """Euler reverse step (reference SEDD ``euler`` predictor)."""
-
-    predictor: Predictor = "euler"
-
-
-class AnalyticSampler(Sampler):
-    """Analytic (Tweedie tau-leaping) reverse step (reference SEDD ``analytic`` predictor)."""
-
-    predictor: Predictor = "analytic"
-
-
-class PerturbationEulerSampler(EulerSampler):
-    """Euler sampler for perturbation-conditioned models: labels are required.
-
-    ``labels`` are perturbation indices (B,) or precomputed vectors (B, E); ``cell_types``
-    optional indices (B,).
-    """
-
-    def sample(  # type: ignore[override]
-        self, labels: torch.Tensor, *, steps: int, **kwargs: object
-    ) -> torch.Tensor:
-        if labels is None:
-            raise ValueError("PerturbationEulerSampler.sample needs labels (perturbations).")
-        labels = labels.to(self.device)
-        return super().sample(labels.shape[0], steps=steps, labels=labels, **kwargs)  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         precision = resolve_precision(settings.precision, loaded.device)
     for warning in caught:
         log.warning("%s", warning.message)
-    engine = Engine(
+    engine = Engine.for_model(
         loaded,
         precision,
         max_rows_per_forward=settings.max_rows_per_forward,

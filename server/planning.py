@@ -1,8 +1,9 @@
 """Requests -> engine jobs ("decode"): check the server's limits, resolve names, build tokens.
 
-Every cell plan comes from ``sedd.batch.run.cell_plan``, and cell i of a request draws from the
-stream (seed, i) (``first_cell=0``), so a request's cells equal ``sedd.batch.run.generate`` run
-on the same ``GenerationRequest``. Name errors become ``FieldError`` naming the field.
+Each body becomes the library's one request type (``sedd.batch.requests.GenerationRequest``) and
+its one job builder (``job_for``): cell i of a request draws from the stream (seed, i), so a
+request's cells equal those of the Python API and ``sedd generate`` for the same parameters.
+Name errors become ``FieldError`` naming the field.
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
-import torch
 
-from sedd.batch.run import GenerationRequest, cell_plan, plan_labels
-from sedd.cells import CountRangeError, counts_to_tokens
+from sedd.batch.requests import (
+    GenerationRequest,
+    Imputation,
+    cell_plan,
+    imputation_from_counts,
+    job_for,
+)
+from sedd.cells import CountRangeError
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.engine import EngineJob
 from server.config import Settings
@@ -108,35 +114,12 @@ def _condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None
     return (name,)
 
 
-def _job(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    cells: pd.DataFrame,
-    timeout_s: float,
-    x_init: torch.Tensor | None = None,
-    fixed: torch.Tensor | None = None,
-) -> EngineJob:
-    labels, cell_types = plan_labels(loaded, cells, "cpu")  # the engine takes CPU tensors
-    return EngineJob(
-        num_cells=len(cells),
-        steps=request.steps,
-        sampler=request.sampler,
-        temperature=request.temperature,
-        seed=request.seed,
-        first_cell=0,
-        labels=labels,
-        cell_types=cell_types,
-        x_init=x_init,
-        fixed=fixed,
-        deadline=time.monotonic() + timeout_s,
-    )
-
-
 def _generation_request(
     options: SamplingOptions,
     cells_per_condition: int,
     conditions: tuple[str, ...] | None,
     cell_type: str | None,
+    imputation: Imputation | None = None,
 ) -> GenerationRequest:
     return GenerationRequest(
         cells_per_condition=cells_per_condition,
@@ -146,7 +129,20 @@ def _generation_request(
         sampler=options.sampler,
         temperature=options.temperature,
         seed=options.seed,
+        imputation=imputation,
     )
+
+
+def _planned(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    cells: pd.DataFrame,
+    options: SamplingOptions,
+    timeout: float,
+    **extra: Any,
+) -> PlannedJob:
+    job = job_for(loaded, request, cells, deadline=time.monotonic() + timeout)
+    return PlannedJob(job, cells, options, timeout, **extra)
 
 
 def plan_generate(loaded: LoadedModel, settings: Settings, body: GenerateRequest) -> PlannedJob:
@@ -156,7 +152,7 @@ def plan_generate(loaded: LoadedModel, settings: Settings, body: GenerateRequest
         body, body.num_cells, _condition(loaded, body.condition), body.cell_type
     )
     cells = _plan(loaded, request, ["body", "condition"])
-    return PlannedJob(_job(loaded, request, cells, timeout), cells, body, timeout)
+    return _planned(loaded, request, cells, body, timeout)
 
 
 def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) -> PlannedJob:
@@ -183,59 +179,46 @@ def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) 
     request = _generation_request(body, body.cells_per_perturbation, conditions, body.cell_type)
     cells = _plan(loaded, request, ["body", "perturbations"])
     has_control = control is not None and control in conditions
-    return PlannedJob(
-        _job(loaded, request, cells, timeout),
-        cells,
-        body,
-        timeout,
-        control=control if has_control else None,
+    return _planned(
+        loaded, request, cells, body, timeout, control=control if has_control else None
     )
 
 
 def plan_impute(loaded: LoadedModel, settings: Settings, body: ImputeRequest) -> PlannedJob:
     body = _with_default_steps(body, settings)
-    cfg = loaded.config
     num_cells = len(body.counts)
     timeout = _check_limits(settings, body, num_cells, "counts")
-    mask = cfg.tokens.mask_index
-    if mask is None:
-        raise FieldError(
-            ["body", "genes"], "imputation needs an absorbing-graph (masked) model", input=None
-        )
-    positions = {gene: i for i, gene in enumerate(cfg.genes)}
-    for i, gene in enumerate(body.genes):
-        if gene not in positions:
-            err = UnknownLabelError(gene, "gene", cfg.genes)
-            raise FieldError(
-                ["body", "genes", i],
-                str(err),
-                type="unknown_gene",
-                input=gene,
-                ctx={"suggestions": err.suggestions},
-            )
+    imputation = _imputation(loaded, body)
+    request = _generation_request(
+        body, num_cells, _condition(loaded, body.condition), body.cell_type, imputation
+    )
+    cells = _plan(loaded, request, ["body", "condition"])
+    return _planned(loaded, request, cells, body, timeout, observed_genes=tuple(body.genes))
+
+
+def _imputation(loaded: LoadedModel, body: ImputeRequest) -> Imputation:
+    """The library's imputation of the body's counts; its errors named by field."""
     try:
-        given = counts_to_tokens(
-            np.asarray(body.counts, dtype=np.int64), cfg.tokens.num_bins, genes=body.genes
+        return imputation_from_counts(
+            loaded, body.genes, np.asarray(body.counts, dtype=np.int64)
         )
+    except UnknownLabelError as err:
+        raise FieldError(
+            ["body", "genes", body.genes.index(err.name)],
+            str(err),
+            type="unknown_gene",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
     except CountRangeError as err:
         raise FieldError(
             ["body", "counts"],
             str(err),
             type="count_out_of_range",
-            ctx={"max_count": cfg.tokens.max_count},
+            ctx={"max_count": loaded.config.tokens.max_count},
         ) from None
-    columns = torch.tensor([positions[g] for g in body.genes], dtype=torch.long)
-    x_init = torch.full((num_cells, cfg.num_genes), mask, dtype=torch.long)  # (N, G) all masked
-    x_init[:, columns] = given.tokens
-    fixed = torch.zeros_like(x_init, dtype=torch.bool)
-    fixed[:, columns] = True
-    request = _generation_request(
-        body, num_cells, _condition(loaded, body.condition), body.cell_type
-    )
-    cells = _plan(loaded, request, ["body", "condition"])
-    device = loaded.device
-    job = _job(loaded, request, cells, timeout, x_init.to(device), fixed.to(device))
-    return PlannedJob(job, cells, body, timeout, observed_genes=tuple(body.genes))
+    except ValueError as err:  # a model without a mask
+        raise FieldError(["body", "genes"], str(err), input=None) from None
 
 
 def finite_or_zero(value: float) -> float:

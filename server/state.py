@@ -24,4 +24,4 @@ class Service:
 
     def precision_record(self, fp32_fallbacks: int) -> dict[str, object]:
         """The policy's record with this request's own fallback count."""
-        return {**self.precision.record(), "fp32_fallbacks": int(fp32_fallbacks)}
+        return self.precision.record(fp32_fallbacks)

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from sedd.anndata_io import read_counts, write_cells_h5ad
-from sedd.batch.run import GenerationRequest, generate
+from sedd.batch.requests import GenerationRequest
+from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.commands.checkpoints import DEFAULT_MODEL
 from sedd.precision import resolve_precision

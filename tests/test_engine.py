@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from sedd.batch.run import GenerationRequest, generate
+from sedd.batch.requests import GenerationRequest, cell_plan, job_for
+from sedd.batch.run import generate
 from sedd.cells import tokens_to_counts
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.config import ModelConfig
@@ -24,12 +25,11 @@ from sedd.engine import (
     JobResult,
     JobTimeout,
 )
-from sedd.engine.jobs import job_from_request
 from sedd.graph import graph_from_config
 from sedd.model import SEDDPerturbationTransformer
 from sedd.noise import noise_from_config
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
-from sedd.sampling import AnalyticSampler, EulerSampler
+from sedd.samplers import AnalyticSampler, EulerSampler
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
@@ -73,7 +73,7 @@ LOADED = tiny_loaded()
 
 
 def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
-    """The job run alone through ``Sampler.sample``."""
+    """The job run alone (its own engine, all rows in one forward) through ``sample``."""
     cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
     sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32)
     return sampler.sample(
@@ -111,7 +111,7 @@ def run_until_idle(engine: Engine, limit: int = 200) -> int:
 
 def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
     rec = Recorder()
-    engine = Engine(LOADED, FP32, max_rows_per_forward=64, observer=rec)
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=64, observer=rec)
     jobs = [
         job(3, steps=6, label=0, seed=1),
         job(4, steps=3, label=2, seed=2, sampler="analytic", temperature=0.6),
@@ -139,7 +139,7 @@ def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
 
 def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
     rec = Recorder()
-    engine = Engine(LOADED, FP32, max_rows_per_forward=5, observer=rec)
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=5, observer=rec)
     big, small = job(12, steps=3, label=1, seed=7), job(2, steps=2, label=2, seed=8)
     hb, hs = engine.submit(big), engine.submit(small)
     run_until_idle(engine)
@@ -150,7 +150,7 @@ def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
 
 def test_the_head_of_the_queue_is_never_overtaken():
     seen: dict[str, list[JobProgress]] = {"head": [], "small": []}
-    engine = Engine(LOADED, FP32, max_rows_per_forward=5)
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=5)
     engine.submit(job(3, steps=2))
     engine.submit(job(4, steps=2), on_progress=seen["head"].append)
     engine.submit(job(1, steps=2), on_progress=seen["small"].append)
@@ -165,7 +165,7 @@ def test_the_head_of_the_queue_is_never_overtaken():
 
 def test_cancel_drops_the_rows_at_the_next_step():
     rec = Recorder()
-    engine = Engine(LOADED, FP32, observer=rec)
+    engine = Engine.for_model(LOADED, FP32, observer=rec)
     keep, gone = job(2, steps=5, seed=1), job(3, steps=5, seed=2)
     hk, hg = engine.submit(keep), engine.submit(gone)
     engine.tick()
@@ -188,7 +188,7 @@ def test_a_job_is_counted_before_its_caller_sees_the_result():
         def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
             seen.append((outcome, handles[job.num_cells].future.done()))
 
-    engine = Engine(LOADED, FP32, observer=Watcher())
+    engine = Engine.for_model(LOADED, FP32, observer=Watcher())
     handles[2] = engine.submit(job(2, steps=3))
     handles[3] = engine.submit(job(3, steps=3))
     engine.tick()
@@ -200,7 +200,7 @@ def test_a_job_is_counted_before_its_caller_sees_the_result():
 
 def test_deadline_fails_the_job_with_job_timeout():
     rec = Recorder()
-    engine = Engine(LOADED, FP32, observer=rec)
+    engine = Engine.for_model(LOADED, FP32, observer=rec)
     late = engine.submit(job(2, steps=50, deadline=time.monotonic() + 0.05))
     ok = engine.submit(job(1, steps=3))
     engine.tick()
@@ -213,7 +213,7 @@ def test_deadline_fails_the_job_with_job_timeout():
 
 
 def test_full_queue_raises_engine_full_with_retry_after():
-    engine = Engine(LOADED, FP32, max_rows_per_forward=2, max_queued_jobs=2)
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=2, max_queued_jobs=2)
     engine.submit(job(2))
     engine.submit(job(2))
     with pytest.raises(EngineFull) as err:
@@ -228,7 +228,7 @@ def test_full_queue_raises_engine_full_with_retry_after():
 
 
 def test_stop_with_drain_finishes_in_flight_jobs_then_rejects():
-    engine = Engine(LOADED, FP32)
+    engine = Engine.for_model(LOADED, FP32)
     a, b = job(2, steps=4, seed=1), job(1, steps=6, seed=2)
     ha, hb = engine.submit(a), engine.submit(b)
     engine.tick()
@@ -240,7 +240,7 @@ def test_stop_with_drain_finishes_in_flight_jobs_then_rejects():
 
 
 def test_stop_without_drain_cancels_everything():
-    engine = Engine(LOADED, FP32)
+    engine = Engine.for_model(LOADED, FP32)
     handles = [engine.submit(job(2)) for _ in range(2)]
     engine.tick()
     engine.stop(drain=False)
@@ -267,7 +267,7 @@ class NanForLabel(nn.Module):
 def test_nan_that_fp32_cannot_fix_fails_only_that_job():
     rec = Recorder()
     loaded = dataclasses.replace(LOADED, model=NanForLabel(LOADED.model, bad=2))
-    engine = Engine(loaded, FP32, observer=rec)
+    engine = Engine.for_model(loaded, FP32, observer=rec)
     good = job(3, steps=4, label=1, seed=1)
     mixed = dataclasses.replace(job(2, steps=4, seed=2), labels=torch.tensor([0, 2]))
     hg, hb, hm = engine.submit(good), engine.submit(job(2, label=2)), engine.submit(mixed)
@@ -283,13 +283,12 @@ def test_nan_that_fp32_cannot_fix_fails_only_that_job():
 def test_fp32_fallbacks_are_counted_on_the_job_whose_rows_needed_them():
     model = NanForLabel(LOADED.model, bad=2, amp_only=True)
     bf16 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=torch.bfloat16)
-    engine = Engine(dataclasses.replace(LOADED, model=model), bf16)
+    engine = Engine.for_model(dataclasses.replace(LOADED, model=model), bf16)
     fixable, clean = engine.submit(job(2, steps=3, label=2)), engine.submit(job(3, steps=3))
     run_until_idle(engine)
     fallbacks = fixable.future.result(timeout=0).fp32_fallbacks
     assert 2 <= fallbacks <= 2 * 4  # 2 rows while they hold masks, at most 4 forwards
     assert clean.future.result(timeout=0).fp32_fallbacks == 0
-    assert bf16.fp32_fallbacks == fallbacks
 
 
 class OomAbove(nn.Module):
@@ -309,7 +308,7 @@ class OomAbove(nn.Module):
 
 def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
     model = OomAbove(LOADED.model, rows=4)
-    engine = Engine(dataclasses.replace(LOADED, model=model), FP32)
+    engine = Engine.for_model(dataclasses.replace(LOADED, model=model), FP32)
     jobs = [job(3, seed=1), job(3, seed=2, label=2), job(2, seed=3, sampler="analytic")]
     handles = [engine.submit(j) for j in jobs]
     too_big = engine.submit(job(5, seed=4))
@@ -322,7 +321,7 @@ def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
 
 
 def test_a_failure_after_the_draws_restores_every_rows_random_stream(monkeypatch):
-    engine = Engine(LOADED, FP32)
+    engine = Engine.for_model(LOADED, FP32)
     draw = engine.sampler._uniforms
 
     def flaky(generators, per_row, device):
@@ -341,7 +340,7 @@ def test_a_failure_after_the_draws_restores_every_rows_random_stream(monkeypatch
 
 def test_background_thread_resolves_futures_and_stops():
     progress: list[JobProgress] = []
-    engine = Engine(LOADED, FP32, max_rows_per_forward=4)
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=4)
     engine.start()
     assert engine.running
     jobs = [job(3, steps=5, seed=i, label=i % PERTS) for i in range(4)]
@@ -359,7 +358,7 @@ def test_background_thread_resolves_futures_and_stops():
 
 
 def test_imputation_keeps_given_tokens_and_matches_a_solo_run():
-    engine = Engine(LOADED, FP32)
+    engine = Engine.for_model(LOADED, FP32)
     x_init = torch.full((2, GENES), BINS)
     x_init[:, :4] = torch.tensor([[0, 1, 2, 3], [4, 4, 0, 1]])
     fixed = x_init != BINS
@@ -371,13 +370,13 @@ def test_imputation_keeps_given_tokens_and_matches_a_solo_run():
     assert hp.future.result(timeout=0).tokens.shape == (3, GENES)
 
 
-def test_job_from_request_matches_generate():
+def test_one_job_for_a_whole_request_matches_generate_in_batches():
     request = GenerationRequest(
         cells_per_condition=2, conditions=("A", "C"), cell_type="NK", steps=4, seed=9,
         sampler="analytic", temperature=0.8, batch_size=3,
     )  # fmt: skip
-    engine = Engine(LOADED, FP32, max_rows_per_forward=3)
-    handle = engine.submit(job_from_request(LOADED, request))
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=3)
+    handle = engine.submit(job_for(LOADED, request, cell_plan(LOADED, request)))
     run_until_idle(engine)
     counts = tokens_to_counts(handle.future.result(timeout=0).tokens, BINS)
     expected = generate(LOADED, request, FP32).counts
@@ -399,7 +398,7 @@ def test_job_from_request_matches_generate():
     ],
 )
 def test_bad_jobs_are_refused_naming_the_field_and_value(change, message):
-    engine = Engine(LOADED, FP32)
+    engine = Engine.for_model(LOADED, FP32)
     with pytest.raises(ValueError, match=message):
         engine.submit(dataclasses.replace(job(2), **change))
     assert engine.queued_jobs == 0
@@ -410,7 +409,7 @@ def test_uniform_graph_score_model_jobs_match_their_solo_runs():
     ref = Path(__file__).parent / "data" / "sedd_reference" / "uniform" / "hf"
     with pytest.warns(UserWarning, match="no gene list"):
         loaded = load_checkpoint(ref)
-    engine = Engine(loaded, FP32)
+    engine = Engine.for_model(loaded, FP32)
     jobs = [
         EngineJob(num_cells=2, steps=3, seed=5),
         EngineJob(num_cells=3, steps=2, sampler="analytic", seed=9, first_cell=4),

@@ -17,7 +17,8 @@ import pandas as pd
 import pytest
 import torch
 
-from sedd.batch.run import GenerationRequest, generate
+from sedd.batch.requests import GenerationRequest
+from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import resolve_precision
 from sedd.train.config import TrainConfig

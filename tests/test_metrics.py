@@ -12,15 +12,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from sedd.commands import evaluate
-from sedd.eval.metrics import (
-    correlation_error,
-    energy_distance,
-    evaluate_counts,
-    frechet_distance,
-    knn_auc,
-    log_normalize,
-    mmd2_unbiased,
-)
+from sedd.eval.distances import energy_distance, frechet_distance, knn_auc, mmd2_unbiased
+from sedd.eval.gene_metrics import correlation_error, log_normalize
+from sedd.eval.metrics import evaluate_counts
 
 N_GENES = 40
 GENES = [f"gene{i}" for i in range(N_GENES)]

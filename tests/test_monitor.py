@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sedd.engine import Engine, EngineJob, JobLimits, run_job
 from sedd.graph import AbsorbingGraph
 from sedd.model import SEDDTransformer
 from sedd.monitor import Monitor, NvmlProbe
 from sedd.noise import LogLinearNoise
 from sedd.precision import resolve_precision
-from sedd.sampling import EulerSampler
+from sedd.sampling import Sampler
 
 
 class SteppedClock:
@@ -40,12 +41,12 @@ def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
     torch.manual_seed(0)
     genes, cells, steps = 8, 3, 4
     model = SEDDTransformer(genes, 4, 16, 1, 2).eval()
-    sampler = EulerSampler(
+    sampler = Sampler(
         model, LogLinearNoise(), AbsorbingGraph(4), precision=resolve_precision("fp32", "cpu")
     )
     with Monitor("cpu", num_genes=genes, clock=SteppedClock(10.0, 12.5)) as monitor:
-        sampler.sample(cells, steps=steps, seed=0, on_step=monitor.on_step)
-        monitor.add_cells(cells)
+        engine = Engine(sampler, JobLimits.of_module(model), observer=monitor)
+        run_job(engine, EngineJob(cells, steps, seed=0))
     snap = monitor.snapshot()
     assert snap.forwards == steps + 1  # steps + the final denoise
     assert snap.rows == cells * (steps + 1)
@@ -80,7 +81,7 @@ def test_counts_from_many_threads_are_not_lost() -> None:
 
     def work() -> None:
         for _ in range(1000):
-            monitor.on_step()
+            monitor.add_forward()
             monitor.add_cells(1)
 
     threads = [threading.Thread(target=work) for _ in range(4)]

@@ -19,7 +19,8 @@ from sedd.precision import (
     PrecisionPolicy,
     resolve_precision,
 )
-from sedd.sampling import EulerSampler, cell_generators
+from sedd.samplers import EulerSampler
+from sedd.sampling import cell_generators
 
 JOINT = potts_distribution(5, 3, 2.0)
 
@@ -72,9 +73,9 @@ def test_model_output_leaves_autocast_as_fp32():
     policy = resolve_precision("bf16", "cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(x, torch.ones(4)).dtype == torch.bfloat16  # the raw model output
-    out = policy.forward(model, x, torch.ones(4))
-    assert out.dtype == torch.float32 and out.shape == (4, 5, 4)
-    gathered = policy.forward(model, x, torch.ones(4), positions=x == 3)
+    out, redone = policy.forward(model, x, torch.ones(4))
+    assert out.dtype == torch.float32 and out.shape == (4, 5, 4) and redone == ()
+    gathered = policy.forward(model, x, torch.ones(4), positions=x == 3).scores
     assert gathered.dtype == torch.float32 and gathered.shape == (20, 4)
 
 
@@ -96,14 +97,16 @@ def test_nan_row_is_recomputed_in_fp32_and_counted():
     gens, ref_gens = cell_generators(0, range(4)), cell_generators(0, range(4))
     x = ref = torch.full((4, 5), 3)
     times = torch.tensor([1.0, 0.6, 0.3, 0.0], dtype=torch.float64)
-    expected_fallbacks = 0
+    expected_fallbacks = fallbacks = 0
     for t, s in itertools.pairwise(times):
-        expected_fallbacks += int((ref[1] == 3).any())  # row 1 is recomputed while it has masks
-        x = sampler.step(x, t.expand(4), s.expand(4), gens)
-        ref = reference.step(ref, t.expand(4), s.expand(4), ref_gens)
-    assert expected_fallbacks >= 2
-    assert sampler.precision.fp32_fallbacks == expected_fallbacks
-    assert sampler.precision.record()["fp32_fallbacks"] == expected_fallbacks
+        masked = bool((ref[1] == 3).any())  # row 1 is recomputed while it has masks
+        expected_fallbacks += int(masked)
+        out = sampler.step(x, t.expand(4), s.expand(4), gens)
+        assert out.fp32_fallback_rows == ((1,) if masked else ())
+        x, fallbacks = out.tokens, fallbacks + len(out.fp32_fallback_rows)
+        ref = reference.step(ref, t.expand(4), s.expand(4), ref_gens).tokens
+    assert expected_fallbacks >= 2 and fallbacks == expected_fallbacks
+    assert sampler.precision.record(fallbacks)["fp32_fallbacks"] == expected_fallbacks
     assert int(x.max()) < 3 and int(x.min()) >= 0
     # the recomputed row follows the fp32 run exactly
     assert torch.equal(x[1], ref[1])

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from sedd.batch.manifest import ShardOutputError
 from sedd.batch.merge import MergeError, merge_shards
-from sedd.batch.run import GenerationRequest
+from sedd.batch.requests import GenerationRequest
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.checkpoints import load_checkpoint, save_native
@@ -183,8 +183,9 @@ def test_four_shards_merged_equal_one_shard_run_cell_for_cell(
     assert (out_dir / "shards" / "shard-00002-of-00004.h5ad").stat().st_mtime_ns == before
 
 
-class _Killed(Exception):
-    pass
+class _Killed(BaseException):
+    """Stands in for a kill (SIGINT/SIGTERM reach Python as BaseExceptions): the engine lets
+    it through, as it would KeyboardInterrupt."""
 
 
 def test_killed_shard_resumes_from_finished_batches_to_identical_result(
@@ -211,7 +212,7 @@ def test_killed_shard_resumes_from_finished_batches_to_identical_result(
             raise _Killed
 
     with pytest.raises(_Killed):
-        job.run(on_step=kill_in_third_batch)
+        job.run(on_progress=kill_in_third_batch)
     parts = sorted(job.parts_dir.glob("cells-*.npz"))
     assert [p.name for p in parts] == [
         "cells-000000000000-000000000002.npz",

@@ -21,7 +21,7 @@ from exact_models import ExactModel, no_collision_probability, potts_distributio
 
 from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
-from sedd.sampling import AnalyticSampler, EulerSampler
+from sedd.samplers import AnalyticSampler, EulerSampler
 
 POSITIONS, TOKENS = 5, 3
 SAMPLES, STEPS, EPS = 20_000, 256, 1e-5

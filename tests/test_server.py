@@ -17,10 +17,12 @@ import torch
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
-from sedd.batch.run import GenerationRequest, generate, make_sampler
+from sedd.batch.requests import GenerationRequest
+from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.monitor import MonitorSnapshot
 from sedd.precision import resolve_precision
+from sedd.samplers import EulerSampler
 from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio
@@ -175,7 +177,8 @@ async def test_impute_keeps_given_counts_and_matches_a_solo_sampler_run(model_di
     x_init = torch.full((2, len(GENES)), NUM_BINS, dtype=torch.long)
     x_init[:, [3, 0]] = torch.tensor(counts)
     fixed = x_init != NUM_BINS
-    sampler = make_sampler(loaded, "euler", resolve_precision("fp32", "cpu"))
+    precision = resolve_precision("fp32", "cpu")
+    sampler = EulerSampler(loaded.model, loaded.noise, loaded.graph, precision=precision)
     solo = sampler.sample(steps=5, seed=3, x_init=x_init, fixed=fixed, labels=torch.tensor([0, 0]))
     np.testing.assert_array_equal(got, solo.numpy())
 

@@ -22,7 +22,7 @@ from sedd.files import sha256_file
 from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionError
-from sedd.sampling import EulerSampler
+from sedd.samplers import EulerSampler
 from sedd.train.config import TrainConfig, load_train_config, lr_factor
 from sedd.train.trainer import STATE_FILE, Trainer, elbo_weight, forward_logits, loss_terms
 

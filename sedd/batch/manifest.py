@@ -21,12 +21,12 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sedd.batch.run import GenerationRequest
+from sedd.batch.requests import GenerationRequest
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.files import temporary_beside
@@ -74,7 +74,11 @@ def request_identity(
     num_shards: int,
 ) -> dict[str, Any]:
     """Everything that decides the cells of each shard; equal identities give equal cells."""
-    params = asdict(request)
+    if request.imputation is not None:
+        raise ShardOutputError(
+            "an imputation request writes one file: leave out --out-dir and the shard options."
+        )
+    params = request.record()
     params.pop("batch_size")  # cell i does not depend on it
     params["conditions"] = None if request.conditions is None else list(request.conditions)
     return {

@@ -32,12 +32,13 @@ from sedd.batch.manifest import (
     request_record,
     shard_entry,
 )
-from sedd.batch.run import GenerationRequest, cell_plan, generate
+from sedd.batch.requests import GenerationRequest, cell_plan
+from sedd.batch.run import generate
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
+from sedd.engine import JobProgress
 from sedd.files import sha256_file, write_json_atomic
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import StepStats
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
 # ``generate`` stats that describe the moment a run ended, not a sum over runs
@@ -87,7 +88,7 @@ class ShardJob:
     def cells_to_generate(self) -> int:
         return 0 if self.done_entry is not None else sum(len(gap) for gap in self.gaps())
 
-    def run(self, on_step: Callable[[StepStats], None] | None = None) -> dict[str, Any]:
+    def run(self, on_progress: Callable[[JobProgress], None] | None = None) -> dict[str, Any]:
         """Generate the missing cells, write the shard h5ad and its entry; return the entry."""
         if self.done_entry is not None:
             return self.done_entry
@@ -103,7 +104,7 @@ class ShardJob:
                 self.request,
                 self.precision,
                 cell_range=gap,
-                on_step=on_step,
+                on_progress=on_progress,
                 on_batch=self._save_part,
             )
             for key in totals:
@@ -147,7 +148,7 @@ class ShardJob:
             h5ad=self.paths.h5ad,
             h5ad_sha256=sha256_file(self.paths.h5ad),
             stats=stats,
-            precision_record=self.precision.record(),
+            precision_record=self.precision.record(stats["fp32_fallbacks"]),
             resumed_cells=resumed,
         )
         write_json_atomic(self.paths.entry, entry)
@@ -184,12 +185,12 @@ def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
         steps=request.steps,
         seed=request.seed,
         temperature=request.temperature,
-        precision_record=job.precision.record(),
+        precision_record=job.precision.record(stats["fp32_fallbacks"]),
         checkpoint_hash=job.loaded.file_hash,
         timings=stats,
         extra={
             "model": str(job.loaded.path),
-            "request": {**request.__dict__, "conditions": list(request.conditions or [])},
+            "request": request.record(),
             "shard": {
                 "index": job.shard.index,
                 "count": job.shard.count,

@@ -3,7 +3,8 @@
 ``load_checkpoint(path)`` detects the layout (``load``) and hands it to its reader: ``native``
 (our format), ``st3`` (st3 experiment directories) or ``reference`` (reference SEDD model
 directories and training runs). The readers share ``loaded`` (the loaded model and the parts a
-reader returns) and ``io`` (safe file reading), and import nothing else of this package.
+reader returns), ``io`` (safe file reading) and ``labels`` (the side files that name genes and
+labels, for every layout), and import nothing else of this package.
 """
 
 from sedd.checkpoints.card import model_card, model_card_dict

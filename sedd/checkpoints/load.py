@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from sedd.checkpoints import reference, st3
 from sedd.checkpoints.io import CheckpointError, CheckpointNotFoundError, read_json
+from sedd.checkpoints.labels import with_label_files
 from sedd.checkpoints.loaded import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -127,9 +128,7 @@ def load_checkpoint(
             case "sedd_run":
                 parts = reference.load_sedd_run(path, checkpoint=checkpoint, use_ema=use_ema)
         if layout != "st3":
-            parts = st3.with_label_files(
-                parts, **label_files, warn_positional=layout != "native"
-            )
+            parts = with_label_files(parts, **label_files, warn_positional=layout != "native")
     except ValidationError as err:
         raise CheckpointError(f"{path} describes an invalid model: {problems(err)}") from None
     if not use_ema and layout in ("sedd_hf", "native") and parts.config.provenance.ema is not False:

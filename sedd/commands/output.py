@@ -17,13 +17,14 @@ import torch
 from tqdm import tqdm
 
 from sedd.anndata_io import provenance_uns, write_cells_h5ad
-from sedd.batch.run import GenerationRequest, cell_plan, generate
+from sedd.batch.requests import GenerationRequest, cell_plan
+from sedd.batch.run import generate
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
+from sedd.engine import JobProgress
 from sedd.files import write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.sampling import StepStats
 
 CountsDtype = Literal["int", "float32"]
 
@@ -107,8 +108,11 @@ def request_from_args(
 
 
 @contextmanager
-def progress(num_cells: int, steps: int, desc: str) -> Iterator[Callable[[StepStats], None]]:
-    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the step hook."""
+def progress(
+    num_cells: int, steps: int, desc: str
+) -> Iterator[Callable[[JobProgress], None]]:
+    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the engine's
+    progress hook."""
     scale = 1.0 / (steps + 1)  # one batch row moves (steps + 1) times: steps + final denoise
     layout = (
         "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} cells "
@@ -131,14 +135,14 @@ def write_one_file(
     request.validate()
     precision = resolve_precision_noting(precision_name, loaded.device)
     num_cells = len(cell_plan(loaded, request))
-    with progress(num_cells, request.steps, "sampling") as on_step:
-        result = generate(loaded, request, precision, on_step=on_step)
+    with progress(num_cells, request.steps, "sampling") as on_progress:
+        result = generate(loaded, request, precision, on_progress=on_progress)
     uns = provenance_uns(
         sampler=request.sampler,
         steps=request.steps,
         seed=request.seed,
         temperature=request.temperature,
-        precision_record=precision.record(),
+        precision_record=precision.record(result.stats["fp32_fallbacks"]),  # type: ignore[arg-type]
         checkpoint_hash=loaded.file_hash,
         timings=result.stats,
         extra={"model": str(loaded.path), "request": request_dict(request)},
@@ -163,8 +167,8 @@ def run_shard(
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    with progress(job.cells_to_generate, request.steps, label) as on_step:
-        entry = job.run(on_step=on_step)
+    with progress(job.cells_to_generate, request.steps, label) as on_progress:
+        entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,
         entry["timings"],
@@ -186,7 +190,7 @@ def resolve_precision_noting(name: str, device: torch.device) -> PrecisionPolicy
 
 
 def request_dict(request: GenerationRequest) -> dict[str, Any]:
-    return {**request.__dict__, "conditions": list(request.conditions or [])}
+    return request.record()
 
 
 def finish(
@@ -201,7 +205,11 @@ def finish(
 
     ``<out>.metrics.json`` is the default place; a shard's entry file doubles as its metrics.
     """
-    summary = {"output": str(out), **stats, "precision": precision.record()}
+    summary = {
+        "output": str(out),
+        **stats,
+        "precision": precision.record(int(stats.get("fp32_fallbacks") or 0)),
+    }
     if metrics_path is None:
         metrics_path = out.with_suffix(".metrics.json")
         write_json_atomic(metrics_path, summary)

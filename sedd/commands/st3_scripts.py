@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
-from sedd.batch.run import GenerationRequest
+from sedd.batch.requests import GenerationRequest
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.checkpoints import load_from_args

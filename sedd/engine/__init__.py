@@ -15,10 +15,12 @@ from sedd.engine.jobs import (
     InvalidTokensError,
     JobCancelled,
     JobHandle,
+    JobLimits,
     JobProgress,
     JobResult,
     JobTimeout,
 )
+from sedd.engine.offline import run_job, run_jobs
 
 __all__ = [
     "Engine",
@@ -29,8 +31,11 @@ __all__ = [
     "InvalidTokensError",
     "JobCancelled",
     "JobHandle",
+    "JobLimits",
     "JobProgress",
     "JobResult",
     "JobTimeout",
     "is_out_of_memory",
+    "run_job",
+    "run_jobs",
 ]

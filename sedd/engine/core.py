@@ -1,11 +1,13 @@
 """Step-level continuous batching: one engine per accelerator steps every request's rows together.
 
-Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave, waiting rows join, then
-one ``Sampler.step`` moves every in-flight row one step on its own job's grid
-linspace(1, eps, steps + 1), followed by the denoise to s = 0, with per-row t, s, temperature,
+This is the only sampling loop in the codebase. The server ticks it on a background thread
+(``start``); the Python API, the CLI, shard jobs and ``sedd bench`` tick it in their own thread
+(``sedd.engine.offline``). Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave,
+waiting rows join, then one ``Sampler.step`` moves every in-flight row one step on its own job's
+``time_grid(steps, eps)``, followed by the denoise to s = 0, with per-row t, s, temperature,
 predictor, conditioning and generator (``sedd.engine.rows``). Cell i of a job draws from stream
-(seed, first_cell + i), so its tokens are those of ``Sampler.sample`` run alone, up to the fp
-noise of batched matmuls.
+(seed, first_cell + i), so its tokens are those of the same cell run alone, up to the fp noise
+of batched matmuls.
 
 * Admission is by rows, strictly FIFO, up to ``max_rows_per_forward`` rows in flight. The head of
   the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
@@ -30,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
+from typing import Any
 
 import torch
 
@@ -42,12 +45,20 @@ from sedd.engine.jobs import (
     InvalidTokensError,
     JobCancelled,
     JobHandle,
+    JobLimits,
     JobProgress,
     JobResult,
     JobTimeout,
     validate_job,
 )
-from sedd.engine.rows import JobState, RowBlock, Slice, halves, step_slices
+from sedd.engine.rows import (
+    JobState,
+    RowBlock,
+    Slice,
+    halves,
+    slice_generators,
+    step_slices,
+)
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import Sampler
 
@@ -60,30 +71,39 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 class Engine:
-    """Continuous-batching sampler over one loaded model (see the module docstring)."""
+    """Continuous-batching sampler over one score model (see the module docstring).
+
+    ``Engine.for_model(loaded, precision)`` serves a loaded checkpoint; the constructor takes a
+    ``Sampler`` (the step maths) and the ``JobLimits`` jobs are checked against.
+    """
+
+    @classmethod
+    def for_model(cls, loaded: LoadedModel, precision: PrecisionPolicy, **options: Any) -> Engine:
+        """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's."""
+        sampler = Sampler(
+            loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device
+        )
+        return cls(sampler, JobLimits.of_model(loaded), **options)
+
+    @property
+    def precision(self) -> PrecisionPolicy:
+        return self.sampler.precision
 
     def __init__(
         self,
-        loaded: LoadedModel,
-        precision: PrecisionPolicy,
+        sampler: Sampler,
+        limits: JobLimits,
         *,
         max_rows_per_forward: int = 256,
         max_queued_jobs: int = 64,
         observer: EngineObserver | None = None,
-        eps: float = 1e-5,
     ) -> None:
         if max_rows_per_forward < 1:
             raise ValueError(f"max_rows_per_forward must be >= 1, got {max_rows_per_forward}.")
         if max_queued_jobs < 1:
             raise ValueError(f"max_queued_jobs must be >= 1, got {max_queued_jobs}.")
-        if not 0.0 < eps < 1.0:
-            raise ValueError(f"eps must be in (0, 1), got {eps}.")
-        self.loaded, self.precision, self.observer, self.eps = loaded, precision, observer, eps
+        self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
-        self.num_genes = loaded.config.num_genes
-        self.sampler = Sampler(
-            loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device
-        )
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[JobState] = deque()  # FIFO; the head may be partly admitted
@@ -102,7 +122,7 @@ class Engine:
         ``on_progress`` is called on the engine thread after every step of the job: keep it short
         (e.g. ``loop.call_soon_threadsafe``).
         """
-        validate_job(job, self.loaded)
+        validate_job(job, self.limits, self.sampler.graph)
         with self._lock:
             if not self._accepting:
                 raise EngineStopped("the engine is shutting down and takes no new jobs.")
@@ -131,10 +151,10 @@ class Engine:
             blocks = list(self._active)
         for st, err in ended:
             self._finish(st, None, err)
-        graph, device = self.loaded.graph, self.loaded.device
+        graph, device = self.sampler.graph, self.sampler.device
         for blk in joined:
             try:
-                blk.state.materialise(self.eps, graph, self.num_genes, device)
+                blk.state.materialise(graph, self.limits.num_genes, device)
                 blk.make_generators(device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only
                 self._finish(blk.state, None, err)
@@ -193,10 +213,10 @@ class Engine:
         slices = [sl for sl in slices if not sl[0].state.done]
         if not slices:
             return
-        gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
-        saved = [g.get_state() for g in gens]
+        gens = {id(g): g for g in slice_generators(slices)}.values()
+        saved = [g.get_state() for g in gens]  # a shared generator once
         try:
-            rows, seconds = step_slices(self.sampler, self.precision, slices)
+            rows, seconds = step_slices(self.sampler, slices)
         except Exception as err:  # a job's fault must never stop the engine
             for g, state in zip(gens, saved, strict=True):
                 g.set_state(state)
@@ -232,23 +252,23 @@ class Engine:
                 self._complete(st)
 
     def _report(self, st: JobState, mine: list[RowBlock]) -> None:
-        if st.admitted < st.job.num_cells:
-            step = 0
-        else:
-            step = min((blk.step for blk in mine), default=st.job.steps + 1)
+        total = st.job.total_steps
+        step = 0 if st.admitted < st.job.num_cells else min((b.step for b in mine), default=total)
         masked = 0.0
-        if self.loaded.graph.absorb:
-            masked = float((st.x == self.loaded.graph.mask_index).float().mean())
+        graph = self.sampler.graph
+        if graph.absorb:
+            masked = float((st.x == graph.mask_index).float().mean())
         rows = sum(blk.rows for blk in mine)
         try:
-            st.on_progress(JobProgress(step, st.job.steps + 1, rows, masked))  # type: ignore[misc]
+            st.on_progress(JobProgress(step, total, rows, masked))  # type: ignore[misc]
         except Exception:  # a caller's hook must not stop the engine
             log.exception("on_progress of job %d raised", st.handle.job_id)
 
     def _complete(self, st: JobState) -> None:
         tokens = st.x.cpu()  # (N, G)
-        graph = self.loaded.graph
-        real = graph.dim - 1 if graph.absorb else graph.dim
+        graph = self.sampler.graph
+        # Without the final denoise masks may remain (the caller asked for that); never beyond.
+        real = graph.dim - 1 if graph.absorb and st.job.denoise else graph.dim
         if bool((tokens < 0).any() or (tokens >= real).any()):
             bad = InvalidTokensError(
                 f"job {st.handle.job_id} ended with mask or out-of-range tokens; they are not "
@@ -309,7 +329,7 @@ class Engine:
         """Seconds until the first in-flight job ends and the queue moves (an estimate)."""
         if self._tick_seconds == 0:
             return 1.0
-        left = min((blk.state.job.steps + 1 - blk.step for blk in self._active), default=1)
+        left = min((blk.state.job.total_steps - blk.step for blk in self._active), default=1)
         return max(0.05, self._tick_seconds * left)
 
     # ---- the background thread -------------------------------------------------------------

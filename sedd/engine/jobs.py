@@ -1,8 +1,8 @@
 """What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
 
-An ``EngineJob`` is one request's rows resolved to tensors; ``job_from_request`` builds one from a
-``GenerationRequest`` with the cell numbering of ``sedd.batch.run.generate`` (cell i on random
-stream (seed, i)), and ``validate_job`` checks one against a loaded model before it is queued.
+An ``EngineJob`` is one request's rows resolved to tensors (``sedd.batch.requests.job_for``
+builds them from a request: cell i on random stream (seed, i)); ``validate_job`` checks one
+against the model's ``JobLimits`` before it is queued.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Literal, Protocol
 
 import torch
 
-from sedd.batch.run import GenerationRequest, cell_plan, plan_labels
 from sedd.checkpoints import LoadedModel
+from sedd.graph import Graph
+from sedd.sampling import Predictor
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -31,7 +32,7 @@ class EngineJob:
 
     num_cells: int
     steps: int
-    sampler: Literal["euler", "analytic"] = "euler"
+    sampler: Predictor = "euler"
     temperature: float = 1.0
     seed: int = 0
     first_cell: int = 0  # cell i of the job draws from stream (seed, first_cell + i)
@@ -40,6 +41,16 @@ class EngineJob:
     x_init: torch.Tensor | None = None  # (N, G) tokens for imputation (mask elsewhere)
     fixed: torch.Tensor | None = None  # (N, G) bool, positions never changed
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
+    eps: float = 1e-5  # the grid ends at t = eps (``sedd.sampling.time_grid``)
+    # One stream for all the job's rows instead of stream (seed, i) per cell: fewer, larger
+    # draws, but a cell then depends on its batch (tests of whole distributions use it).
+    generator: torch.Generator | None = None
+    denoise: bool = True  # the final step from eps to 0; without it masks may remain
+
+    @property
+    def total_steps(self) -> int:
+        """Steps every row takes, the final denoise included."""
+        return self.steps + (1 if self.denoise else 0)
 
 
 @dataclass
@@ -106,6 +117,37 @@ class JobHandle:
         self._wake()
 
 
+@dataclass(frozen=True)
+class JobLimits:
+    """What ``validate_job`` checks a job against. ``None``: not known, so not checked (a bare
+    score module sampled through ``sedd.samplers``)."""
+
+    num_genes: int | None
+    num_perturbations: int | None = None  # 0: unconditional
+    label_dim: int | None = None  # length of precomputed perturbation vectors, if taken
+    num_cell_types: int | None = None
+
+    @classmethod
+    def of_model(cls, loaded: LoadedModel) -> JobLimits:
+        cfg = loaded.config
+        return cls(
+            num_genes=cfg.num_genes,
+            num_perturbations=cfg.num_perturbations,
+            label_dim=getattr(cfg.arch, "precomputed_emb_dim", None),
+            num_cell_types=cfg.num_cell_types,
+        )
+
+    @classmethod
+    def of_module(cls, model: object, num_genes: int | None = None) -> JobLimits:
+        """Limits read from a module's attributes (st3's modules carry them), where present."""
+        return cls(
+            num_genes=num_genes if num_genes is not None else getattr(model, "num_genes", None),
+            num_perturbations=getattr(model, "num_perturbations", None),
+            label_dim=getattr(model, "precomputed_emb_dim", None),
+            num_cell_types=getattr(model, "num_cell_types", None),
+        )
+
+
 def _bad(name: str, rule: str, value: object) -> ValueError:
     return ValueError(f"`{name}` must be {rule}, got {value}.")
 
@@ -114,52 +156,62 @@ def _span(values: torch.Tensor) -> str:
     return f"values in [{int(values.min())}, {int(values.max())}]"
 
 
-def validate_job(job: EngineJob, loaded: LoadedModel) -> None:
-    """Raise ``ValueError`` naming the field and value unless ``loaded`` can run ``job``.
+def validate_job(job: EngineJob, limits: JobLimits, graph: Graph) -> None:
+    """Raise ``ValueError`` naming the field and value unless the model can run ``job``.
 
     Label indices are range-checked here: an out-of-range embedding index on CUDA is a
     device-side assert that would take the whole engine down, not just this job.
     """
-    cfg, n, g = loaded.config, job.num_cells, loaded.config.num_genes
+    n = job.num_cells
     for name, ok, rule in (
         ("num_cells", n >= 1, ">= 1"),
         ("steps", job.steps >= 1, ">= 1"),
         ("temperature", math.isfinite(job.temperature) and job.temperature > 0, "finite, > 0"),
         ("seed", job.seed >= 0, ">= 0"),
         ("first_cell", job.first_cell >= 0, ">= 0"),
+        ("eps", 0.0 < job.eps < 1.0, "in (0, 1)"),
     ):
         if not ok:
             raise _bad(name, rule, getattr(job, name))
     if job.sampler not in ("euler", "analytic"):
         raise _bad("sampler", "'euler' or 'analytic'", repr(job.sampler))
-    labels, cell_types = job.labels, job.cell_types
-    if labels is None and cfg.num_perturbations > 0:
+    _validate_labels(job, limits, n)
+    if job.x_init is None and limits.num_genes is None:
+        raise _bad("x_init", "given, or the number of genes known", None)
+    _validate_imputation(job, graph, n, limits.num_genes)
+
+
+def _validate_labels(job: EngineJob, limits: JobLimits, n: int) -> None:
+    labels, cell_types, perts = job.labels, job.cell_types, limits.num_perturbations
+    if labels is None and perts:
         raise _bad("labels", "given: this model is conditioned on perturbations", None)
-    if labels is not None and cfg.num_perturbations == 0:
+    if labels is not None and perts == 0:
         raise _bad("labels", "None: this model is unconditional", tuple(labels.shape))
     if labels is not None and labels.is_floating_point():
-        dim = getattr(cfg.arch, "precomputed_emb_dim", None)
-        if dim is None or labels.shape != (n, dim) or not bool(torch.isfinite(labels).all()):
+        dim = limits.label_dim
+        shape_ok = labels.shape == (n, dim) if dim is not None else labels.ndim == 2
+        if not shape_ok or labels.shape[0] != n or not bool(torch.isfinite(labels).all()):
             raise _bad("labels", f"finite vectors of shape ({n}, {dim})", tuple(labels.shape))
     elif labels is not None:
         if labels.shape != (n,):
             raise _bad("labels", f"of shape ({n},)", tuple(labels.shape))
-        if labels.min() < 0 or labels.max() >= cfg.num_perturbations:
-            raise _bad("labels", f"indices in [0, {cfg.num_perturbations})", _span(labels))
+        if labels.min() < 0 or (perts is not None and labels.max() >= perts):
+            raise _bad("labels", f"indices in [0, {perts})", _span(labels))
     if cell_types is not None:
         if cell_types.shape != (n,) or cell_types.is_floating_point():
             raise _bad("cell_types", f"integer indices of shape ({n},)", tuple(cell_types.shape))
-        if cell_types.min() < 0 or cell_types.max() >= cfg.num_cell_types:
-            raise _bad("cell_types", f"indices in [0, {cfg.num_cell_types})", _span(cell_types))
-    _validate_imputation(job, loaded, n, g)
+        kinds = limits.num_cell_types
+        if cell_types.min() < 0 or (kinds is not None and cell_types.max() >= kinds):
+            raise _bad("cell_types", f"indices in [0, {kinds})", _span(cell_types))
 
 
-def _validate_imputation(job: EngineJob, loaded: LoadedModel, n: int, g: int) -> None:
-    x, fixed, vocab = job.x_init, job.fixed, loaded.graph.dim
+def _validate_imputation(job: EngineJob, graph: Graph, n: int, g: int | None) -> None:
+    x, fixed, vocab = job.x_init, job.fixed, graph.dim
     if fixed is not None and x is None:
         raise _bad("x_init", "given when `fixed` is", None)
     if x is None:
         return
+    g = x.shape[1] if g is None and x.ndim == 2 else g
     if x.shape != (n, g) or x.is_floating_point():
         raise _bad("x_init", f"integer tokens of shape ({n}, {g})", tuple(x.shape))
     if x.min() < 0 or x.max() >= vocab:
@@ -170,27 +222,6 @@ def _validate_imputation(job: EngineJob, loaded: LoadedModel, n: int, g: int) ->
         raise _bad(
             "fixed", f"a bool tensor of shape ({n}, {g})", f"{fixed.dtype} {tuple(fixed.shape)}"
         )
-    mask = loaded.graph.mask_index
+    mask = graph.mask_index
     if mask is not None and bool((x[fixed] == mask).any()):
         raise _bad("fixed", "over real tokens, never the mask", "a fixed masked position")
-
-
-def job_from_request(
-    loaded: LoadedModel, request: GenerationRequest, deadline: float | None = None
-) -> EngineJob:
-    """The engine job for ``request``: its cells in ``cell_plan`` order, cell i on stream
-    (seed, i), exactly as ``sedd.batch.run.generate`` numbers them. Unknown names raise
-    ``UnknownLabelError`` (with suggestions) from the loaded model."""
-    request.validate()
-    plan = cell_plan(loaded, request)
-    labels, cell_types = plan_labels(loaded, plan, "cpu")
-    return EngineJob(
-        num_cells=len(plan),
-        steps=request.steps,
-        sampler=request.sampler,
-        temperature=request.temperature,
-        seed=request.seed,
-        labels=labels,
-        cell_types=cell_types,
-        deadline=deadline,
-    )

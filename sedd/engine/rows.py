@@ -2,7 +2,7 @@
 
 A job's rows join in blocks (``RowBlock``: rows [lo, hi) admitted at the same boundary, so on the
 same step). A forward takes a list of slices of blocks; every row brings its own t and s (its
-job's grid linspace(1, eps, steps + 1), then s = 0 for the denoise), temperature, predictor,
+job's ``time_grid(steps, eps)``, then s = 0 for the denoise), temperature, predictor,
 conditioning and generator, so the packed step is the solo step of each row.
 """
 
@@ -16,8 +16,7 @@ import torch
 
 from sedd.engine.jobs import EngineJob, JobHandle, JobProgress
 from sedd.graph import Graph
-from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler, cell_generators, start_tokens
+from sedd.sampling import Sampler, cell_generators, start_tokens, time_grid
 
 _EMPTY = torch.empty(0)
 
@@ -39,18 +38,21 @@ class JobState:
     fallbacks: int = 0
     done: bool = False  # its future is resolved
 
-    def materialise(self, eps: float, graph: Graph, num_genes: int, device: torch.device) -> None:
-        """Time grid and initial tokens (Sampler.sample's start, or x_init), built when rows
-        first join."""
+    def materialise(self, graph: Graph, num_genes: int | None, device: torch.device) -> None:
+        """Time grid and initial tokens (t = 1, or the job's x_init), built when rows first join."""
         if self.timesteps.numel():
             return
         job = self.job
-        # Exactly Sampler.sample's grid, so a packed row walks the solo row's times.
-        self.timesteps = torch.linspace(1.0, eps, job.steps + 1, dtype=torch.float64)
-        if job.x_init is None:  # stream 1 of each cell, as Sampler.sample draws it
+        self.timesteps = time_grid(job.steps, job.eps)
+        if job.x_init is None:  # the uniform graph draws them from stream 1 of each cell
+            if num_genes is None:  # validate_job refuses this; a guard, not a user error
+                raise RuntimeError("a job without x_init needs the model's number of genes.")
+            shared = () if job.generator is None else (job.generator,)
+            seed = job.seed if job.generator is None else None
             self.x = start_tokens(
-                graph, job.num_cells, num_genes, device, seed=job.seed, first_cell=job.first_cell
-            )
+                graph, job.num_cells, num_genes, device,
+                seed=seed, first_cell=job.first_cell, generators=shared,
+            )  # fmt: skip
         else:
             self.x = job.x_init.to(device=device, dtype=torch.long).clone()
 
@@ -71,10 +73,13 @@ class RowBlock:
 
     @property
     def finished(self) -> bool:
-        return self.step > self.state.job.steps
+        return self.step >= self.state.job.total_steps
 
     def make_generators(self, device: torch.device) -> None:
         job = self.state.job
+        if job.generator is not None:  # one stream for all the job's rows
+            self.generators = [job.generator] * self.rows
+            return
         cells = range(job.first_cell + self.lo, job.first_cell + self.hi)
         self.generators = cell_generators(job.seed, cells, device)
 
@@ -101,9 +106,7 @@ def halves(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
     return first, [sl for group in groups for sl in group]
 
 
-def step_slices(
-    sampler: Sampler, precision: PrecisionPolicy, slices: list[Slice]
-) -> tuple[int, float]:
+def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float]:
     """Step the slices' rows in one packed forward; write the new tokens back into each job.
 
     Returns (rows, seconds). Counts a forward, and its fp32 fallback rows, on each job.
@@ -135,18 +138,25 @@ def step_slices(
         )
     labels = rows_of(lambda job: job.labels)
     cell_types = rows_of(lambda job: job.cell_types)
-    gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
-    precision.last_fallback_rows = ()
+    gens = slice_generators(slices)
     start = time.perf_counter()
-    new = sampler.step(x, t, s, gens, labels, cell_types, temperature, fixed, analytic)
+    out = sampler.step(x, t, s, gens, labels, cell_types, temperature, fixed, analytic)
     seconds = time.perf_counter() - start
-    owners = [blk.state for blk, lo, hi in spans for _ in range(hi - lo)]
-    for row in precision.last_fallback_rows:
-        owners[row].fallbacks += 1
+    fallbacks = sorted(out.fp32_fallback_rows)
     offset = 0
     for blk, lo, hi in spans:
-        blk.state.x[lo:hi] = new[offset : offset + hi - lo]
+        blk.state.x[lo:hi] = out.tokens[offset : offset + hi - lo]
+        blk.state.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
         offset += hi - lo
-    for state in {id(o): o for o in owners}.values():
+    for state in {id(blk.state): blk.state for blk, _, _ in spans}.values():
         state.forwards += 1
     return x.shape[0], seconds
+
+
+def slice_generators(slices: list[Slice]) -> list[torch.Generator]:
+    """The slices' row generators, in row order; one in all when every row shares it."""
+    gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
+    shared = [blk.state.job.generator for blk, _, _ in slices]
+    if shared[0] is not None and all(g is shared[0] for g in shared):
+        return [shared[0]]
+    return gens

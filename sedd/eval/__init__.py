@@ -1,1 +1,2 @@
-"""Evaluation: real-vs-generated metrics, their plots, st3-style scoring, the precision report."""
+"""Evaluation: real-vs-generated metrics (``metrics``, built from ``gene_metrics`` and
+``distances``), their plots, st3-style scoring, the precision report."""

@@ -128,7 +128,7 @@ def module_dtypes(
     try:
         out = policy.forward(
             model, batch.x, batch.sigma, labels=batch.labels, cell_types=batch.cell_types
-        )
+        ).scores
     finally:
         for handle in handles:
             handle.remove()
@@ -211,7 +211,7 @@ def log_scores(
     active = loaded.graph.active_positions(batch.x)  # (B, L) bool
     out = policy.forward(
         loaded.model, batch.x, batch.sigma, batch.labels, batch.cell_types, positions=active
-    )  # (M, V) fp32
+    ).scores  # (M, V) fp32
     if loaded.model.parametrisation == "score":
         return out, None
     mask = loaded.graph.dim - 1

@@ -1,15 +1,11 @@
 """Training x0 (clean-token) models of single-cell counts with the masked-diffusion objective.
 
-Objective. Per cell draw t ~ U(t_eps, 1), sigma = sigma(t), and mask each gene independently with
-probability 1 - e^{-sigma} (= (1 - eps) t for the log-linear schedule) through the absorbing
-graph. The model sees the masked tokens, sigma and the label, and predicts the clean token at
-every position; the mask class is excluded from its softmax, as in the sampler.
-
-* ``"elbo"``: the continuous-time ELBO of masked diffusion (Sahoo et al. 2024, Shi et al. 2024),
-  -log p(x) <= E_t [ w(t) sum_{masked l} -log p(x0_l | x_t) ], w(t) = sigma'(t) / (e^sigma - 1),
-  which is exactly 1/t for the log-linear schedule. Divided by the number of genes, so the loss
-  reads in nats per gene.
-* ``"masked_ce"``: st3's objective, the unweighted mean cross-entropy over masked positions.
+This module holds the loop: ``Trainer`` owns one run (data, model, EMA, optimizer, LR schedule,
+scaler, RNG streams) and ``fit`` trains it, logs and saves. The objective itself (noising a batch,
+the ELBO and masked cross-entropy, the held-out loss) is ``sedd.train.objective``; the EMA, the
+resumable state file and the published native model are ``sedd.train.state``; the config, the
+data and the LR schedule are ``sedd.train.config``. The names of those modules that callers used
+to import from here are re-exported.
 
 Precision (docs/precision.md, "Training"): autocast (``PrecisionPolicy.autocast``) covers the
 forward that produces the loss input; logits are cast ``.float()`` and the loss runs in fp32.
@@ -26,36 +22,44 @@ at step + 1 exactly as an uninterrupted run would.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 from tqdm import tqdm
 
-from sedd.checkpoints import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, build_model, save_native
+from sedd.checkpoints import build_model
 from sedd.graph import AbsorbingGraph
-from sedd.model import SEDDPerturbationTransformer, SEDDTransformer, check_inputs
-from sedd.noise import LogLinearNoise, Noise
-from sedd.precision import PrecisionPolicy
+from sedd.noise import LogLinearNoise
 from sedd.train.config import (
     TrainConfig,
     TrainingData,
-    check_resumable,
     load_training_data,
     lr_factor,
     model_config,
     training_precision,
+)
+from sedd.train.objective import (
+    LossTerms,
+    elbo_weight,
+    forward_logits,
+    heldout_loss,
+    loss_terms,
+    noise_batch,
+)
+from sedd.train.state import (
+    EMA,
+    STATE_FILE,
+    STATE_FORMAT,
+    read_state,
+    restore_rng_states,
+    rng_states,
+    write_native_model,
+    write_state,
 )
 
 __all__ = [
@@ -71,151 +75,7 @@ __all__ = [
     "noise_batch",
 ]
 
-STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.jsonl"
-_STATE_FORMAT = "sedd_train_state"
-
-
-def elbo_weight(noise: Noise, t: torch.Tensor) -> torch.Tensor:
-    """w(t) = sigma'(t) / (e^sigma(t) - 1), in fp64 then cast to t's dtype; log-linear: 1/t."""
-    t64 = t.double()
-    return (noise.rate_noise(t64) / torch.expm1(noise.total_noise(t64))).to(t.dtype)
-
-
-def noise_batch(
-    x0: torch.Tensor,
-    noise: Noise,
-    graph: AbsorbingGraph,
-    generator: torch.Generator,
-    t_eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x0 (B, L) -> (x_t (B, L), t (B,), sigma (B,)) with t ~ U(t_eps, 1) per cell."""
-    u = torch.rand(x0.shape[0], generator=generator, device=x0.device)
-    t = t_eps + (1 - t_eps) * u  # (B,)
-    sigma = noise.total_noise(t)
-    return graph.sample_transition(x0, sigma[:, None], generator), t, sigma
-
-
-def forward_logits(
-    model: nn.Module,
-    x: torch.Tensor,
-    sigma: torch.Tensor,
-    labels: torch.Tensor | None = None,
-    *,
-    checkpoint_blocks: bool = False,
-) -> torch.Tensor:
-    """``model(x, sigma, labels)`` for st3 models, optionally checkpointing each block.
-
-    The same computation as ``_ST3Base.forward``, written out so that each block can run under
-    ``torch.utils.checkpoint`` (recomputed in backward). Checkpointing applies only in training
-    mode with grad enabled. Returns logits (B, L, V).
-    """
-    if not isinstance(model, SEDDTransformer | SEDDPerturbationTransformer):
-        raise ValueError(f"training supports st3 models only, got {type(model).__name__}.")
-    check_inputs(x, sigma, model.max_seq_len)
-    c = model._condition(sigma, labels, None)  # (B, H)
-    pos = torch.arange(x.shape[1], device=x.device)
-    h = model.token_embed(x) + model.gene_embed(pos)[None]  # (B, L, H)
-    recompute = checkpoint_blocks and model.training and torch.is_grad_enabled()
-    for block in model.blocks:
-        h = checkpoint(block, h, c, use_reentrant=False) if recompute else block(h, c)
-    return model.out_proj(model.out_norm(h, c))  # (B, L, V)
-
-
-@dataclass
-class LossTerms:
-    """Per-batch pieces of both objectives (fp32)."""
-
-    elbo: torch.Tensor  # (B,) per cell: w(t) * sum_masked -log p / num_genes  (nats/gene)
-    nll_sum: torch.Tensor  # () sum of -log p over masked positions
-    n_masked: int
-
-    def loss(self, objective: str) -> torch.Tensor:
-        match objective:
-            case "elbo":
-                return self.elbo.mean()
-            case "masked_ce":
-                return self.nll_sum / max(self.n_masked, 1)
-            case _:
-                raise ValueError(f"objective must be 'elbo' or 'masked_ce', got {objective!r}.")
-
-
-def loss_terms(
-    logits: torch.Tensor,
-    x0: torch.Tensor,
-    xt: torch.Tensor,
-    t: torch.Tensor,
-    noise: Noise,
-    mask_index: int,
-) -> LossTerms:
-    """Both objectives from logits (B, L, V) of the clean tokens x0 (B, L) given x_t (B, L)."""
-    logits = logits.float()  # precision: the loss runs in fp32, whatever autocast produced
-    masked = xt == mask_index  # (B, L)
-    rows = masked.nonzero()[:, 0]  # (M,) cell of each masked position
-    log_p = F.log_softmax(logits[masked][:, :mask_index], dim=-1)  # (M, num_bins), no mask class
-    nll = -log_p.gather(-1, x0[masked][:, None]).squeeze(-1)  # (M,)
-    per_cell = torch.zeros(x0.shape[0], device=nll.device).index_add_(0, rows, nll)  # (B,)
-    elbo = elbo_weight(noise, t.float()) * per_cell / x0.shape[1]
-    return LossTerms(elbo=elbo, nll_sum=nll.sum(), n_masked=int(rows.numel()))
-
-
-class EMA:
-    """fp32 exponential moving average of a model's weights (a frozen eval-mode copy).
-
-    Update k (1-based) uses decay min(decay, (1 + k) / (10 + k)) when ``warmup`` is on, so
-    short runs are not dominated by the random initialisation.
-    """
-
-    def __init__(self, model: nn.Module, decay: float, warmup: bool = True) -> None:
-        self.decay, self.warmup = decay, warmup
-        self.model = copy.deepcopy(model).float().eval().requires_grad_(False)
-
-    @torch.no_grad()
-    def update(self, model: nn.Module, update: int) -> None:
-        decay = min(self.decay, (1 + update) / (10 + update)) if self.warmup else self.decay
-        for shadow, param in zip(self.model.parameters(), model.parameters(), strict=True):
-            shadow.lerp_(param.detach().float(), 1.0 - decay)
-        for shadow, buffer in zip(self.model.buffers(), model.buffers(), strict=True):
-            shadow.copy_(buffer)
-
-
-@torch.no_grad()
-def heldout_loss(
-    model: nn.Module,
-    tokens: torch.Tensor,
-    labels: torch.Tensor | None,
-    noise: Noise,
-    graph: AbsorbingGraph,
-    policy: PrecisionPolicy,
-    *,
-    t_eps: float = 1e-3,
-    batch_size: int = 64,
-    repeats: int = 1,
-    seed: int = 0,
-) -> dict[str, float]:
-    """ELBO (nats/gene) and masked cross-entropy of ``model`` (eval mode) on ``tokens`` (N, G).
-
-    Draws t and masks from a generator seeded with ``seed``, so repeated calls are comparable.
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    elbo_sum, nll_sum, n_masked, n_cells = 0.0, 0.0, 0, 0
-    for _ in range(repeats):
-        for lo in range(0, tokens.shape[0], batch_size):
-            x0 = tokens[lo : lo + batch_size].to(device)
-            y = None if labels is None else labels[lo : lo + batch_size].to(device)
-            xt, t, sigma = noise_batch(x0, noise, graph, generator, t_eps)
-            with policy.autocast():
-                logits = forward_logits(model, xt, sigma, y)
-            terms = loss_terms(logits.float(), x0, xt, t, noise, graph.dim - 1)
-            elbo_sum += float(terms.elbo.sum())
-            nll_sum += float(terms.nll_sum)
-            n_masked += terms.n_masked
-            n_cells += x0.shape[0]
-    model.train(was_training)
-    return {"elbo": elbo_sum / max(n_cells, 1), "masked_ce": nll_sum / max(n_masked, 1)}
 
 
 def _derived_seed(seed: int, stream: int) -> int:
@@ -233,6 +93,26 @@ class TrainSummary:
     val: dict[str, float] = field(default_factory=dict)
     out: Path | None = None
     state_file: Path | None = None
+
+
+@dataclass
+class _Window:
+    """Losses and throughput of the optimizer steps since the last log line."""
+
+    losses: list[float] = field(default_factory=list)
+    cells: int = 0
+    seconds: float = 0.0
+
+    def add(self, loss: float, cells: int, seconds: float) -> None:
+        self.seconds += seconds
+        self.cells += cells
+        self.losses.append(loss)
+
+    def mean_loss(self) -> float:
+        return sum(self.losses) / len(self.losses)
+
+    def cells_per_second(self) -> float:
+        return self.cells / max(self.seconds, 1e-9)
 
 
 class Trainer:
@@ -377,30 +257,17 @@ class Trainer:
         stop = min(until or c.max_steps, c.max_steps)
         start_step, start = self.step, time.perf_counter()
         first = last = None
-        window: list[float] = []
-        window_cells, window_seconds = 0, 0.0
-        unit = "nats/gene" if c.objective == "elbo" else "nats/masked gene"
+        window = _Window()
         with self._bar(stop) as bar:
             while self.step < stop:
                 t0 = time.perf_counter()
                 loss, grad_norm, cells = self.train_step()
-                window_seconds += time.perf_counter() - t0
-                window_cells += cells
-                window.append(loss)
+                window.add(loss, cells, time.perf_counter() - t0)
                 first = loss if first is None else first
                 bar.update()
                 if self.step % c.log_every == 0 or self.step == stop:
-                    last = sum(window) / len(window)
-                    rate = window_cells / max(window_seconds, 1e-9)
-                    lr = self.scheduler.get_last_lr()[0]
-                    bar.set_postfix(loss=f"{last:.4f}", cells_s=f"{rate:.1f}")
-                    self._log(
-                        bar, {"step": self.step, "loss": last, "lr": lr,
-                              "grad_norm": grad_norm, "cells_per_s": rate},
-                        f"loss {last:.4f} {unit}, lr {lr:.2e}, grad {grad_norm:.3f}, "
-                        f"{rate:.2f} cells/s",
-                    )  # fmt: skip
-                    window, window_cells, window_seconds = [], 0, 0.0
+                    last = self._log_window(bar, window, grad_norm)
+                    window = _Window()
                 if c.val_every and self.step % c.val_every == 0 and self.step != stop:
                     self._log_val(bar)
                 if self.step % c.checkpoint_every == 0 and self.step != stop:
@@ -433,6 +300,19 @@ class Trainer:
         if self.progress:
             bar.write(f"step {self.step}/{self.config.max_steps}: {text}")
 
+    def _log_window(self, bar: tqdm, window: _Window, grad_norm: float) -> float:
+        """Log the mean loss and throughput since the last log line; returns that mean loss."""
+        loss, rate = window.mean_loss(), window.cells_per_second()
+        lr = self.scheduler.get_last_lr()[0]
+        unit = "nats/gene" if self.config.objective == "elbo" else "nats/masked gene"
+        bar.set_postfix(loss=f"{loss:.4f}", cells_s=f"{rate:.1f}")
+        self._log(
+            bar, {"step": self.step, "loss": loss, "lr": lr,
+                  "grad_norm": grad_norm, "cells_per_s": rate},
+            f"loss {loss:.4f} {unit}, lr {lr:.2e}, grad {grad_norm:.3f}, {rate:.2f} cells/s",
+        )  # fmt: skip
+        return loss
+
     def _log_val(self, bar: tqdm) -> None:
         val = self.validate()
         if val:
@@ -443,10 +323,13 @@ class Trainer:
 
     def save(self) -> None:
         """Write ``<run_dir>/train_state.pt`` (atomically) and the native model (EMA) in ``out``."""
-        run = self.config.run_path
-        run.mkdir(parents=True, exist_ok=True)
-        state = {
-            "format": _STATE_FORMAT,
+        write_state(self.config.run_path, self._state())
+        self.write_model()
+
+    def _state(self) -> dict[str, Any]:
+        """Everything ``resume`` restores, as saved in ``train_state.pt``."""
+        return {
+            "format": STATE_FORMAT,
             "version": 1,
             "step": self.step,
             "micro_batches": self.micro_batches,
@@ -455,18 +338,11 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "rng": self._rng_states(),
+            "rng": rng_states(self.generator, self.device),
             "config": self.config.model_dump(mode="json"),
             "data_hash": self.data.data_hash,
             "commands": list(self.commands),
         }
-        tmp = run / f".{STATE_FILE}.{os.getpid()}.tmp"
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, run / STATE_FILE)
-        finally:
-            tmp.unlink(missing_ok=True)
-        self.write_model()
 
     def write_model(self) -> Path:
         """The EMA weights as a native model directory ``out`` (config.json + safetensors)."""
@@ -476,45 +352,13 @@ class Trainer:
         if len(self.commands) > 1:
             extra["training_commands"] = list(self.commands)
         config = model_config(self.config, self.data, provenance=extra)
-        loaded = LoadedModel(
-            model=self.ema.model, config=config, noise=self.noise, graph=self.graph,
-            path=self.config.run_path, file_hash="", layout="native",
+        return write_native_model(
+            out, self.ema.model, config, self.noise, self.graph,
+            run_path=self.config.run_path, command=self.command, data_hash=self.data.data_hash,
         )  # fmt: skip
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            save_native(loaded, tmp, training_command=self.command, data_hash=self.data.data_hash)
-            for name in (WEIGHTS_FILE, CONFIG_FILE):  # each file appears whole
-                os.replace(tmp / name, out / name)
-            os.chmod(out / WEIGHTS_FILE, 0o644)  # safetensors writes 0600; the model is public
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return out
-
-    def _rng_states(self) -> dict[str, Any]:
-        states: dict[str, Any] = {
-            "torch": torch.get_rng_state(),
-            "noise": self.generator.get_state(),
-        }
-        if self.device.type == "cuda":
-            states["cuda"] = torch.cuda.get_rng_state_all()
-        return states
 
     def _load_state(self) -> None:
-        path = self.config.run_path / STATE_FILE
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"cannot resume: {path} does not exist (set run_dir / --run-dir to the run's "
-                "directory, or train without --resume)."
-            )
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError(f"{path} is not a sedd training state.")
-        check_resumable(state["config"], self.config, path)
-        if state["data_hash"] != self.data.data_hash:
-            raise ValueError(
-                f"cannot resume {path}: the data file {self.config.data} changed since the run "
-                "started (sha256 differs)."
-            )
+        state = read_state(self.config, self.data.data_hash)
         self.model.load_state_dict(state["model"])
         self.ema.model.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -523,7 +367,4 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.micro_batches = int(state["step"]), int(state["micro_batches"])
         self.commands = list(state.get("commands", []))
-        torch.set_rng_state(state["rng"]["torch"])
-        self.generator.set_state(state["rng"]["noise"])
-        if self.device.type == "cuda" and "cuda" in state["rng"]:
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        restore_rng_states(state["rng"], self.generator, self.device)

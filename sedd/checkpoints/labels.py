@@ -1,0 +1,218 @@
+"""Side files that name a model's genes and labels, for every source format.
+
+Checkpoints often store no names: st3 keeps gene names out of its experiments, and label
+embeddings are rows by index. These readers take the names from side files:
+
+* ``read_gene_list``: gene names in model order, a text file (one a line) or an h5ad's
+  ``var_names``;
+* ``read_label_mapping``: label names by index, from JSON (``{name: index}`` or ``[names]``),
+  text (line i names index i, st3's ``perturbation_names_all.txt``) or a ``.pt`` file;
+* ``read_vectors``: perturbation vectors (e.g. ESM2), a ``{name: tensor}`` file.
+
+``with_label_files`` applies them to the parts a layout reader returned (``SourceParts``), and
+notes what stays unnamed. ``names_from_mapping`` turns a ``{name: index}`` mapping into names by
+index (st3's ``cell_type_to_idx``, say).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sedd.checkpoints.io import CheckpointError, read_safetensors, read_torch_file, require_file
+from sedd.checkpoints.loaded import SourceParts
+from sedd.config import ModelConfig
+
+__all__ = [
+    "names_from_mapping",
+    "read_gene_list",
+    "read_label_mapping",
+    "read_vectors",
+    "with_label_files",
+]
+
+
+def read_gene_list(path: str | Path, num_genes: int) -> list[str]:
+    """Gene names in model order: a text file (one a line) or an h5ad's ``var_names``."""
+    path = require_file(Path(path), "gene list")
+    if path.suffix == ".h5ad":
+        import anndata  # slow to import; only h5ad gene lists need it
+
+        try:
+            adata = anndata.read_h5ad(path, backed="r")
+        except Exception as err:  # h5py / anndata raise many types on bad files
+            raise CheckpointError(f"cannot read {path} as h5ad ({err}); pass a text list.") from err
+        names = [str(n) for n in adata.var_names]
+        adata.file.close()
+    else:
+        try:
+            names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{path} is not a text gene list (one name a line).") from None
+    if len(names) != num_genes:
+        raise CheckpointError(
+            f"gene list {path} has {len(names)} names but the model has {num_genes} genes; pass "
+            "the gene list the model was trained on, in training order."
+        )
+    repeated = [name for name, n in Counter(names).items() if n > 1]
+    if repeated:
+        raise CheckpointError(
+            f"gene list {path} names genes more than once: {repeated[:10]}; make them unique "
+            "(e.g. anndata's var_names_make_unique) before converting."
+        )
+    return names
+
+
+def names_from_mapping(mapping: Any, expected: int, file: Path, kind: str) -> list[str]:
+    """{name: index} -> names by index; must be a bijection onto 0..expected-1."""
+    if not isinstance(mapping, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        for k, v in mapping.items()
+    ):
+        raise CheckpointError(f"{file}: the {kind} mapping must map names to integer indices.")
+    by_index: dict[int, list[str]] = {}
+    for name, index in mapping.items():
+        by_index.setdefault(index, []).append(name)
+    shared = {i: names for i, names in sorted(by_index.items()) if len(names) > 1}
+    if shared:
+        raise CheckpointError(
+            f"{file}: the {kind} mapping gives one index to several names "
+            f"({'; '.join(f'{i}: {n}' for i, n in list(shared.items())[:5])}); each index "
+            "must name exactly one label."
+        )
+    skipped = [i for i in range(expected) if i not in by_index]
+    extra = sorted(i for i in by_index if not 0 <= i < expected)
+    if skipped or extra:
+        raise CheckpointError(
+            f"{file}: the {kind} mapping must use indices 0..{expected - 1} (the model has "
+            f"{expected} {kind} rows) once each; skipped: {skipped[:10]}, out of range: "
+            f"{extra[:10]}. Pass the mapping used in training."
+        )
+    return [by_index[i][0] for i in range(expected)]
+
+
+def _names_from_list(names: list[Any], expected: int, file: Path, kind: str) -> list[str]:
+    names = [str(n) for n in names]
+    repeated = [name for name, n in Counter(names).items() if n > 1]
+    if repeated:
+        raise CheckpointError(
+            f"{file}: {kind} names listed more than once: {repeated[:10]}; each label must "
+            "appear once (line i names index i)."
+        )
+    if len(names) != expected:
+        raise CheckpointError(
+            f"{file} lists {len(names)} {kind} names but the model has {expected} {kind} rows; "
+            "pass the mapping used in training."
+        )
+    return names
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    repeated = [key for key, n in Counter(k for k, _ in pairs).items() if n > 1]
+    if repeated:
+        raise ValueError(f"names listed more than once: {repeated[:10]}")
+    return dict(pairs)
+
+
+def read_label_mapping(path: str | Path, expected: int, kind: str = "perturbation") -> list[str]:
+    """Names by index from JSON ({name: index} or [names]), text (line i = index i) or .pt."""
+    path = require_file(Path(path), f"{kind} mapping")
+    if path.suffix in (".pt", ".pth"):
+        mapping = read_torch_file(path)
+    elif path.suffix == ".json":
+        try:
+            mapping = json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
+        except ValueError as err:  # JSONDecodeError is a ValueError too
+            raise CheckpointError(f"{path}: {err}; each label must appear once.") from None
+    else:
+        lines = path.read_text().splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        mapping = [line.strip() for line in lines]
+        if "" in mapping:
+            raise CheckpointError(
+                f"{path} has an empty line {mapping.index('') + 1}; line i must name label index i."
+            )
+    if isinstance(mapping, list | tuple):
+        return _names_from_list(list(mapping), expected, path, kind)
+    return names_from_mapping(mapping, expected, path, kind)
+
+
+def read_vectors(path: str | Path, dim: int) -> dict[str, torch.Tensor]:
+    """A ``{name: (dim,) tensor}`` file (.pt via weights_only, or .safetensors), as fp32."""
+    path = require_file(Path(path), "perturbation vector file")
+    if path.suffix == ".safetensors":
+        data: Any = read_safetensors(path)[0]
+    else:
+        data = read_torch_file(path)
+    if not isinstance(data, dict) or not data:
+        raise CheckpointError(f"{path} must hold a non-empty {{name: tensor}} dict of vectors.")
+    vectors = {}
+    for name, vec in data.items():
+        if not isinstance(vec, torch.Tensor) or vec.dim() != 1 or vec.shape[0] != dim:
+            found = tuple(vec.shape) if isinstance(vec, torch.Tensor) else type(vec).__name__
+            raise CheckpointError(
+                f"{path}: vector {name!r} must have shape ({dim},) to match the model's "
+                f"precomputed_proj, found {found}; pass the vectors the model was trained with."
+            )
+        vectors[str(name)] = vec.detach().float().contiguous()
+    return vectors
+
+
+def with_label_files(
+    parts: SourceParts,
+    *,
+    genes: str | Path | None = None,
+    perturbations: str | Path | None = None,
+    vectors: str | Path | None = None,
+    warn_positional: bool = True,
+) -> SourceParts:
+    """Apply side files to ``parts.config``; note (for a warning) what stays unnamed."""
+    config = parts.config
+    notes = list(parts.notes)
+    update: dict[str, Any] = {}
+    new_vectors = parts.vectors
+    if genes is not None:
+        update |= {"genes": read_gene_list(genes, config.num_genes), "genes_by_position": False}
+    elif config.genes_by_position and warn_positional:
+        notes.append(
+            f"no gene list for {parts.weights_file}: genes are named by position "
+            f"('0'..'{config.num_genes - 1}'). Pass --genes FILE (one name a line, or an h5ad "
+            "whose var_names are used) to name them."
+        )
+    vector_dim = getattr(config.arch, "precomputed_emb_dim", None)
+    if (perturbations is not None or vectors is not None) and not config.num_perturbations:
+        raise CheckpointError(
+            f"{parts.weights_file} holds an unconditional model; it takes no perturbation "
+            "labels, so leave out --perturbations / --vectors."
+        )
+    if vectors is not None:
+        if not vector_dim:
+            raise CheckpointError(
+                f"{parts.weights_file} has no precomputed_proj, so it cannot take perturbation "
+                f"vectors; leave out --vectors {vectors}."
+            )
+        new_vectors = read_vectors(vectors, vector_dim)
+        update["perturbation_vectors"] = True
+    if perturbations is not None:
+        names = read_label_mapping(perturbations, config.num_perturbations)
+        update["perturbations"] = names
+    control = config.control_label
+    names = update.get("perturbations", config.perturbations)
+    vector_names = list(new_vectors or {})
+    if control not in (names or []) and control not in vector_names:
+        # st3's convention: label index 0 is the control.
+        control = names[0] if names else None
+    update["control_label"] = control
+    if config.num_perturbations and not names and not vector_names and warn_positional:
+        notes.append(
+            f"no perturbation names for {parts.weights_file}: labels can be given only by "
+            "index. Pass --perturbations FILE (JSON {name: index}, or one name a line)."
+        )
+    new_config = ModelConfig.model_validate(config.model_copy(update=update).model_dump())
+    return dataclasses.replace(parts, config=new_config, vectors=new_vectors, notes=notes)

@@ -1,0 +1,169 @@
+"""Names of genes and labels: st3's side files, user-given gene lists, label mappings and
+perturbation vectors, for every layout, and the errors bad ones give."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoint_files import REF, ST3, TouchOnUnpickle, gene_file, load_io
+
+from sedd.checkpoints import CheckpointError, UnknownLabelError, load_checkpoint, save_native
+
+pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
+
+
+@pytest.fixture(autouse=True)
+def _fp32_no_grad() -> Iterator[None]:
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        yield
+
+
+@pytest.fixture(scope="module")
+def io() -> dict[str, torch.Tensor]:
+    return load_io()
+
+
+# ----------------------------------------------------------------------------------------------
+# Names from the checkpoint and its side files
+# ----------------------------------------------------------------------------------------------
+
+
+def test_st3_labels_come_from_the_experiment_side_files(tmp_path: Path) -> None:
+    pert = load_checkpoint(ST3 / "tiny_pert")
+    assert pert.config.perturbations == ["non-targeting", "GENE_A", "GENE_B", "GENE_C", "GENE_D"]
+    assert pert.config.control_label == "non-targeting"
+    assert pert.label_index("GENE_C") == 3
+    assert pert.perturbation_labels(["GENE_D", "non-targeting"]).tolist() == [4, 0]
+
+    esm = load_checkpoint(ST3 / "tiny_pert_ct_esm")
+    assert esm.config.cell_types == ["hepg2", "jurkat", "rpe1"]
+    assert esm.cell_type_index("rpe1") == 2
+    upstream = torch.load(ST3 / "tiny_pert_ct_esm" / "protein_embeddings.pt", weights_only=True)
+    assert torch.equal(esm.perturbation_labels(["GENE_B"])[0], upstream["GENE_B"])
+
+    native = load_checkpoint(save_native(esm, tmp_path / "native"))
+    assert native.config.perturbation_vectors
+    assert list(native.perturbation_vectors) == list(upstream)
+    assert torch.equal(native.perturbation_vectors["GENE_A"], upstream["GENE_A"])
+
+
+def test_checkpoint_with_optimizer_state_loads_and_warns_about_unnamed_labels() -> None:
+    with pytest.warns(UserWarning, match=r"no perturbation names .*--perturbations FILE"):
+        loaded = load_checkpoint(ST3 / "tiny_pert_2steps")
+    assert loaded.config.provenance.step == 2 and loaded.config.perturbations is None
+    with pytest.raises(UnknownLabelError, match=r"has no perturbation names.*--perturbations"):
+        loaded.label_index("GENE_A")
+
+
+def test_unknown_label_suggests_close_names() -> None:
+    pert = load_checkpoint(ST3 / "tiny_pert")
+    with pytest.raises(UnknownLabelError, match="did you mean 'GENE_A'") as err:
+        pert.label_index("GENE_a")
+    assert err.value.name == "GENE_a" and err.value.suggestions[0] == "GENE_A"
+    with pytest.raises(UnknownLabelError, match="has no cell type names"):
+        pert.cell_type_index("hepg2")
+
+
+def test_missing_gene_list_warns_and_names_genes_by_position() -> None:
+    with pytest.warns(UserWarning, match=r"named by position .*--genes FILE"):
+        loaded = load_checkpoint(ST3 / "tiny_mlm")
+    assert loaded.config.genes[:3] == ["0", "1", "2"] and loaded.config.genes_by_position
+
+
+# ----------------------------------------------------------------------------------------------
+# Side files given by the user
+# ----------------------------------------------------------------------------------------------
+
+
+def test_gene_list_from_h5ad_var_names(tmp_path: Path) -> None:
+    import anndata
+    import numpy as np
+    import pandas as pd
+
+    names = [f"h5gene{i}" for i in range(64)]
+    adata = anndata.AnnData(np.zeros((2, 64), dtype=np.float32), var=pd.DataFrame(index=names))
+    adata.write_h5ad(tmp_path / "ref.h5ad")
+    assert load_checkpoint(ST3 / "tiny_mlm", genes=tmp_path / "ref.h5ad").config.genes == names
+
+
+def test_json_perturbation_mapping_sets_label_order(tmp_path: Path) -> None:
+    mapping = {"ctrl": 0, "B": 2, "A": 1, "D": 4, "C": 3}
+    (tmp_path / "map.json").write_text(json.dumps(mapping))
+    loaded = load_checkpoint(ST3 / "tiny_pert", perturbations=tmp_path / "map.json")
+    assert loaded.config.perturbations == ["ctrl", "A", "B", "C", "D"]
+    assert loaded.config.control_label == "ctrl"  # args.json's name is absent: index 0
+    assert loaded.label_index("C") == 3
+
+
+def test_native_model_takes_gene_names_and_resaves_in_place(
+    tmp_path: Path, io: dict[str, torch.Tensor]
+) -> None:
+    native = save_native(load_checkpoint(ST3 / "tiny_pert_ct_esm"), tmp_path / "native")
+    loaded = load_checkpoint(native, genes=gene_file(tmp_path))
+    save_native(loaded, native)
+    again = load_checkpoint(native)
+    assert again.config.genes[-1] == "GENE63" and not again.config.genes_by_position
+    assert list(again.perturbation_vectors) == list(loaded.perturbation_vectors)
+    out = again.model(io["x"], io["sigma"], io["pert_vec"], io["cell_type_labels"])
+    expected = loaded.model(io["x"], io["sigma"], io["pert_vec"], io["cell_type_labels"])
+    assert torch.equal(out, expected)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad side files
+# ----------------------------------------------------------------------------------------------
+
+
+def test_pickled_code_in_a_side_file_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    torch.save({"GENE_A": TouchOnUnpickle(marker)}, tmp_path / "vectors.pt")
+    with pytest.raises(CheckpointError, match=r"refused to load .*vectors\.pt"):
+        load_checkpoint(ST3 / "tiny_pert_ct_esm", vectors=tmp_path / "vectors.pt")
+    assert not marker.exists()
+
+
+def test_gene_list_of_the_wrong_length(tmp_path: Path) -> None:
+    genes = gene_file(tmp_path, n=63)
+    with pytest.raises(
+        CheckpointError, match=r"genes\.txt has 63 names but the model has 64 genes"
+    ):
+        load_checkpoint(ST3 / "tiny_mlm", genes=genes)
+    with pytest.raises(CheckpointError, match=r"has 63 names but the model has 64 genes"):
+        load_checkpoint(REF / "absorb" / "hf", genes=genes)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("dup_name.json", '{"a": 0, "b": 1, "a": 2, "c": 3, "d": 4}', r"more than once: \['a'\]"),
+        ("dup_index.json", '{"a": 0, "b": 1, "c": 1, "d": 3, "e": 4}', r"1: \['b', 'c'\]"),
+        (
+            "skip.json",
+            '{"a": 0, "b": 1, "c": 3, "d": 4, "e": 5}',
+            r"skipped: \[2\], out of range: \[5\]",
+        ),
+        ("short.json", '{"a": 0, "b": 1}', r"skipped: \[2, 3, 4\]"),
+        ("dup_line.txt", "a\nb\na\nc\nd\n", r"more than once: \['a'\]"),
+        ("short.txt", "a\nb\nc\n", r"lists 3 perturbation names but the model has 5"),
+    ],
+)
+def test_bad_perturbation_mappings(name: str, text: str, message: str, tmp_path: Path) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_checkpoint(ST3 / "tiny_pert", perturbations=tmp_path / name)
+    assert name in str(err.value)
+
+
+def test_bad_vectors_and_labels_for_unconditional_models(tmp_path: Path) -> None:
+    torch.save({"GENE_A": torch.zeros(8)}, tmp_path / "vec.pt")
+    with pytest.raises(CheckpointError, match=r"'GENE_A' must have shape \(16,\).*found \(8,\)"):
+        load_checkpoint(ST3 / "tiny_pert_ct_esm", vectors=tmp_path / "vec.pt")
+    with pytest.raises(CheckpointError, match="no precomputed_proj"):
+        load_checkpoint(ST3 / "tiny_pert", vectors=tmp_path / "vec.pt")
+    (tmp_path / "p.txt").write_text("a\n")
+    with pytest.raises(CheckpointError, match="unconditional model"):
+        load_checkpoint(ST3 / "tiny_mlm", perturbations=tmp_path / "p.txt")
