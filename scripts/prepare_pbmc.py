@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import train_test_split
 
-from sedd.anndata_io import read_counts, write_cells_h5ad
+from sedd.anndata_io import read_counts
+from sedd.anndata_out import write_cells_h5ad
 
 SCANPY_VERSION = "1.11.5"
 DATASET = "10x_pbmc68k_reduced.h5ad"

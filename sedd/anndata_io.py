@@ -1,32 +1,22 @@
-"""AnnData in and out: integer counts in the model's gene order, provenance in ``uns``.
+"""AnnData in: integer counts in the model's gene order (the way out is ``sedd.anndata_out``).
 
 - ``read_counts``: an AnnData whose ``.X`` is integer counts, from ``.X``, a layer, or recovered
   from log-normalised ``.raw.X`` (scanpy's pbmc68k_reduced layout).
 - ``align_genes``: columns reordered to the model's gene list.
-- ``write_cells_h5ad``: generated cells with gene names, obs labels and provenance, written
-  atomically (a reader never sees a half-written file).
-- ``provenance_uns``: the ``uns["sedd"]`` record (sampler, seed, precision, versions, timings).
 """
 
 from __future__ import annotations
 
 import copy
-import importlib.metadata
-import os
-import platform
-import uuid
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import anndata
 import numpy as np
-import pandas as pd
 import scipy.sparse as sp
-import torch
 
 # Recovered counts must sit this close to an integer; 0.5 would be pure noise. The pbmc68k
 # file reaches 0.08 (float32 storage of log1p values), so 0.25 is strict yet unambiguous.
@@ -69,14 +59,14 @@ def read_counts(
                     "this AnnData has no .X; pass layer=... "
                     f"(available layers: {_layer_list(adata)})."
                 )
-            counts = _as_counts(adata.X, where=".X", hint=_recovery_hint(adata))
+            counts = as_counts(adata.X, where=".X", hint=_recovery_hint(adata))
         case None:
             if layer not in adata.layers:
                 raise ValueError(
                     f"layer {layer!r} not found; available layers: {_layer_list(adata)}. "
                     "Use layer=None to read .X."
                 )
-            counts = _as_counts(
+            counts = as_counts(
                 adata.layers[layer], where=f"layer {layer!r}", hint=_recovery_hint(adata)
             )
         case "pbmc":
@@ -107,9 +97,9 @@ def align_genes(adata: anndata.AnnData, genes: Sequence[str]) -> anndata.AnnData
     are dropped with a ``GeneAlignmentWarning``.
     """
     genes = [str(g) for g in genes]
-    _require_unique(genes, "the model's gene list")
+    require_unique(genes, "the model's gene list")
     var_names = [str(g) for g in adata.var_names]
-    _require_unique(var_names, "the data's var_names")
+    require_unique(var_names, "the data's var_names")
     present = set(var_names)
     missing = [g for g in genes if g not in present]
     if missing:
@@ -130,93 +120,6 @@ def align_genes(adata: anndata.AnnData, genes: Sequence[str]) -> anndata.AnnData
     if var_names == genes:
         return adata.copy()
     return adata[:, genes].copy()
-
-
-def write_cells_h5ad(
-    path: str | Path,
-    counts: np.ndarray | sp.spmatrix | sp.sparray | torch.Tensor,
-    genes: Sequence[str],
-    obs: pd.DataFrame | Mapping[str, Any],
-    uns: Mapping[str, Any],
-    *,
-    compression: Literal["gzip", "lzf"] | None = "gzip",
-    count_dtype: Literal["int", "float32"] = "int",
-) -> Path:
-    """Write cells x genes integer counts to ``path`` atomically and return the path.
-
-    - ``var_names`` = ``genes`` (model order); ``obs`` columns as given, strings as categoricals
-      (a dict gets obs_names ``"0".."N-1"``);
-    - counts as int32 (int64 if the max needs it), CSR when smaller than dense;
-      ``count_dtype="float32"`` stores the same integer values as float32, for tools that
-      normalise ``.X`` in place (Arc's cell-eval / pdex fail on integer matrices);
-    - ``uns`` made writable: None -> "None", tuples -> lists, numpy/torch scalars -> Python.
-    The file is written to a temporary name in the same directory, then ``os.replace``d.
-    """
-    path = Path(path)
-    genes = [str(g) for g in genes]
-    _require_unique(genes, "genes")
-    matrix = _count_matrix_for_writing(counts, n_genes=len(genes))
-    if count_dtype == "float32":
-        matrix = matrix.astype(np.float32)
-    obs_frame = _obs_frame(obs, n_cells=matrix.shape[0])
-    adata = anndata.AnnData(
-        X=matrix, obs=obs_frame, var=pd.DataFrame(index=pd.Index(genes, dtype=object))
-    )
-    adata.uns.update(_writable_uns(dict(uns)))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a unique name in the same directory (os.replace must not cross filesystems); h5py creates
-    # it, so the file gets the usual umask permissions
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        adata.write_h5ad(tmp, compression=compression)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def provenance_uns(
-    *,
-    sampler: str,
-    steps: int,
-    seed: int,
-    temperature: float,
-    precision_record: Mapping[str, Any],
-    checkpoint_hash: str,
-    timings: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The provenance to pass as ``uns``: ``{"sedd": {...}}``.
-
-    Holds the sampler settings, the precision record (docs/precision.md rule 8), the checkpoint
-    hash, timings, package versions and a UTC timestamp. No hostname or user is stored.
-    ``extra`` adds keys (it may not overwrite the ones above).
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
-    if not np.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}.")
-    record: dict[str, Any] = {
-        "sampler": str(sampler),
-        "steps": int(steps),
-        "seed": int(seed),
-        "temperature": float(temperature),
-        "device": str(precision_record.get("device", "unknown")),
-        "precision": dict(precision_record),
-        "checkpoint_hash": str(checkpoint_hash),
-        "timings": dict(timings),
-        "versions": {
-            **{name: _version(name) for name in ("sedd", "torch", "numpy", "anndata")},
-            "python": platform.python_version(),
-        },
-        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        "tokens": "count c is token c (0..num_bins-1); the mask (num_bins) is never a count",
-    }
-    for key, value in (extra or {}).items():
-        if key in record:
-            raise ValueError(f"extra key {key!r} would overwrite a provenance field.")
-        record[str(key)] = value
-    return {"sedd": _writable_uns(record)}
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -253,7 +156,7 @@ def _recovery_hint(adata: anndata.AnnData) -> str:
     return "; or ".join(hints)
 
 
-def _as_counts(matrix: Any, *, where: str, hint: str) -> np.ndarray | sp.csr_matrix:
+def as_counts(matrix: Any, *, where: str, hint: str) -> np.ndarray | sp.csr_matrix:
     """Integer-valued matrix -> CSR int64 or dense int64; anything else -> ValueError."""
     if sp.issparse(matrix):
         csr = sp.csr_matrix(matrix, copy=True)
@@ -317,107 +220,10 @@ def _recover_pbmc(adata: anndata.AnnData, size_factor_key: str) -> tuple[sp.csr_
     return csr, max_error
 
 
-# --- writing -------------------------------------------------------------------------------
-
-
-def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> np.ndarray | sp.csr_matrix:
-    if isinstance(counts, torch.Tensor):
-        counts = counts.detach().cpu().numpy()
-    matrix = _as_counts(counts, where="counts", hint="pass integer counts")
-    if matrix.ndim != 2 or matrix.shape[1] != n_genes:
-        raise ValueError(
-            f"counts must be (cells, {n_genes} genes) to match genes, got shape {matrix.shape}."
-        )
-    if sp.issparse(matrix):
-        max_value = int(matrix.data.max()) if matrix.nnz else 0
-        nnz = matrix.nnz
-    else:
-        max_value = int(matrix.max()) if matrix.size else 0
-        nnz = int(np.count_nonzero(matrix))
-    dtype = np.int32 if max_value < 2**31 else np.int64
-    n_cells = matrix.shape[0]
-    index_bytes = 4 if max(n_genes, nnz) < 2**31 else 8
-    sparse_bytes = nnz * (np.dtype(dtype).itemsize + index_bytes) + (n_cells + 1) * 8
-    dense_bytes = n_cells * n_genes * np.dtype(dtype).itemsize
-    if sparse_bytes < dense_bytes:
-        csr = matrix if sp.issparse(matrix) else sp.csr_matrix(matrix)
-        csr.eliminate_zeros()
-        return sp.csr_matrix(csr, dtype=dtype)
-    dense = matrix.toarray() if sp.issparse(matrix) else matrix
-    return np.ascontiguousarray(dense, dtype=dtype)
-
-
-def _obs_frame(obs: pd.DataFrame | Mapping[str, Any], *, n_cells: int) -> pd.DataFrame:
-    if isinstance(obs, pd.DataFrame):
-        frame = obs.copy()
-        if isinstance(frame.index, pd.RangeIndex):
-            frame.index = pd.Index([str(i) for i in range(len(frame))], dtype=object)
-        else:
-            frame.index = pd.Index([str(i) for i in frame.index], dtype=object)
-    else:
-        frame = pd.DataFrame(
-            dict(obs), index=pd.Index([str(i) for i in range(n_cells)], dtype=object)
-        )
-    if len(frame) != n_cells:
-        raise ValueError(f"obs has {len(frame)} rows but counts has {n_cells} cells.")
-    if not frame.index.is_unique:
-        raise ValueError("obs index (obs_names) must be unique.")
-    frame.columns = [str(c) for c in frame.columns]
-    for column in frame.columns:
-        series = frame[column]
-        if isinstance(series.dtype, pd.CategoricalDtype):
-            continue
-        if pd.api.types.is_object_dtype(series) or pd.api.types.is_string_dtype(series):
-            frame[column] = series.map(str).astype("category")
-    return frame
-
-
-def _writable_uns(value: Any) -> Any:
-    """Convert a provenance value into types anndata can write to h5ad."""
-    match value:
-        case None:
-            return "None"
-        case bool() | str():
-            return value
-        case int() | float():
-            return value
-        case np.generic():
-            return value.item()
-        case np.ndarray():
-            return value if value.dtype != object else [_writable_uns(v) for v in value.tolist()]
-        case torch.Tensor():
-            return _writable_uns(value.detach().cpu().numpy())
-        case Mapping():
-            return {str(k).replace("/", "_"): _writable_uns(v) for k, v in value.items()}
-        case list() | tuple():
-            items = [_writable_uns(v) for v in value]
-            if any(isinstance(v, dict) for v in items):
-                return {str(i): v for i, v in enumerate(items)}
-            if any(isinstance(v, list | np.ndarray) for v in items):
-                try:
-                    array = np.array(items)
-                except ValueError:  # ragged: keep every element, keyed by position
-                    return {str(i): v for i, v in enumerate(items)}
-                return array if array.dtype != object else {str(i): v for i, v in enumerate(items)}
-            numeric = all(isinstance(v, int | float) for v in items)
-            if not numeric and not all(isinstance(v, str) for v in items):
-                return [str(v) for v in items]  # mixed: h5ad stores a list with one dtype
-            return items
-        case _:
-            return str(value)
-
-
-def _require_unique(names: list[str], what: str) -> None:
+def require_unique(names: list[str], what: str) -> None:
     if len(set(names)) != len(names):
         duplicates = sorted(name for name, n in Counter(names).items() if n > 1)
         raise ValueError(
             f"{what} must be unique; duplicated: {duplicates[:10]}"
             f"{' ...' if len(duplicates) > 10 else ''}."
         )
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"

@@ -14,7 +14,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.anndata_out import provenance_uns, write_cells_h5ad
 from sedd.cells import tokens_to_counts
 from sedd.engine import JobResult
 from server.planning import PlannedJob, finite_or_zero

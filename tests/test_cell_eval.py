@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sedd.anndata_io import read_counts, write_cells_h5ad
+from sedd.anndata_io import read_counts
+from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint

@@ -15,13 +15,8 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sedd.anndata_io import (
-    GeneAlignmentWarning,
-    align_genes,
-    provenance_uns,
-    read_counts,
-    write_cells_h5ad,
-)
+from sedd.anndata_io import GeneAlignmentWarning, align_genes, read_counts
+from sedd.anndata_out import provenance_uns, write_cells_h5ad
 from sedd.cells import (
     CountClipWarning,
     CountRangeError,

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from sedd.anndata_io import write_cells_h5ad
+from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.manifest import (
     REQUEST_FILE,
     SHARD_DIR,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.anndata_out import provenance_uns, write_cells_h5ad
 from sedd.batch.manifest import (
     ShardOutputError,
     ShardPaths,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 from tqdm import tqdm
 
-from sedd.anndata_io import provenance_uns, write_cells_h5ad
+from sedd.anndata_out import provenance_uns, write_cells_h5ad
 from sedd.batch.requests import GenerationRequest, cell_plan
 from sedd.batch.run import generate
 from sedd.batch.shard_job import prepare_shard

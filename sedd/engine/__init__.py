@@ -6,7 +6,7 @@ background thread, and the Python API, the CLI, shard jobs and ``sedd bench`` in
 the in-flight rows of every job into one ``Sampler.step``.
 """
 
-from sedd.engine.core import Engine, is_out_of_memory
+from sedd.engine.core import Engine
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -19,6 +19,7 @@ from sedd.engine.jobs import (
     JobProgress,
     JobResult,
     JobTimeout,
+    is_out_of_memory,
 )
 from sedd.engine.offline import run_job, run_jobs
 

@@ -22,6 +22,7 @@ of batched matmuls.
   alone and only those that fail again fail. A finished job holding a mask or out-of-range token
   fails (docs/precision.md rule 5). Nothing a job does stops the engine.
 * The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
+  A progress hook's ``Exception`` is logged, never raised; a ``BaseException`` (a kill) is not.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from sedd.engine.jobs import (
     JobProgress,
     JobResult,
     JobTimeout,
+    is_out_of_memory,
     validate_job,
 )
 from sedd.engine.rows import (
@@ -65,11 +67,6 @@ from sedd.sampling import Sampler
 log = logging.getLogger(__name__)
 
 
-def is_out_of_memory(err: BaseException) -> bool:
-    """True for an accelerator out-of-memory error (a function, so tests can widen it)."""
-    return isinstance(err, torch.OutOfMemoryError)
-
-
 class Engine:
     """Continuous-batching sampler over one score model (see the module docstring).
 
@@ -84,10 +81,6 @@ class Engine:
             loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device
         )
         return cls(sampler, JobLimits.of_model(loaded), **options)
-
-    @property
-    def precision(self) -> PrecisionPolicy:
-        return self.sampler.precision
 
     def __init__(
         self,
@@ -252,15 +245,8 @@ class Engine:
                 self._complete(st)
 
     def _report(self, st: JobState, mine: list[RowBlock]) -> None:
-        total = st.job.total_steps
-        step = 0 if st.admitted < st.job.num_cells else min((b.step for b in mine), default=total)
-        masked = 0.0
-        graph = self.sampler.graph
-        if graph.absorb:
-            masked = float((st.x == graph.mask_index).float().mean())
-        rows = sum(blk.rows for blk in mine)
         try:
-            st.on_progress(JobProgress(step, total, rows, masked))  # type: ignore[misc]
+            st.on_progress(st.progress(mine, self.sampler.graph))  # type: ignore[misc]
         except Exception:  # a caller's hook must not stop the engine
             log.exception("on_progress of job %d raised", st.handle.job_id)
 

@@ -148,6 +148,11 @@ class JobLimits:
         )
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for an accelerator out-of-memory error (a function, so tests can widen it)."""
+    return isinstance(err, torch.OutOfMemoryError)
+
+
 def _bad(name: str, rule: str, value: object) -> ValueError:
     return ValueError(f"`{name}` must be {rule}, got {value}.")
 
