@@ -11,6 +11,7 @@ from collections.abc import Sequence
 _COMMAND_MODULES = (
     "generate",
     "predict",
+    "impute",
     "merge",
     "bench",
     "checkpoints",

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from sedd.batch.conditions import perturbation_conditions
 from sedd.batch.requests import (
     GenerationRequest,
     Imputation,
@@ -171,9 +172,7 @@ def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) 
             "this model has no control label; set `include_control` to false",
             input=True,
         )
-    conditions = tuple(body.perturbations)
-    if body.include_control and control not in conditions:
-        conditions = (*conditions, control)  # type: ignore[arg-type]
+    conditions = _predicted_conditions(loaded, body)
     total = len(conditions) * body.cells_per_perturbation
     timeout = _check_limits(settings, body, total, "cells_per_perturbation")
     request = _generation_request(body, body.cells_per_perturbation, conditions, body.cell_type)
@@ -182,6 +181,27 @@ def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) 
     return _planned(
         loaded, request, cells, body, timeout, control=control if has_control else None
     )
+
+
+def _predicted_conditions(loaded: LoadedModel, body: PredictRequest) -> tuple[str, ...]:
+    """The library's rule (``perturbation_conditions``: control first, duplicates dropped), so
+    a /predict request numbers its cells as ``sedd predict`` and ``Model.predict`` do."""
+    try:
+        names = perturbation_conditions(
+            loaded, body.perturbations, include_control=body.include_control
+        )
+    except UnknownLabelError as err:
+        at = body.perturbations.index(err.name) if err.name in body.perturbations else None
+        raise FieldError(
+            ["body", "perturbations"] + ([] if at is None else [at]),
+            str(err),
+            type="unknown_perturbation",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
+    except ValueError as err:  # only the control was listed, and include_control removes it
+        raise FieldError(["body", "include_control"], str(err), input=False) from None
+    return tuple(names)
 
 
 def plan_impute(loaded: LoadedModel, settings: Settings, body: ImputeRequest) -> PlannedJob:

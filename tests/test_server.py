@@ -125,18 +125,18 @@ async def test_predict_returns_cells_means_and_shift_versus_control(model_dir: P
     assert response.status_code == 200
     data = response.json()
     expected = solo_counts(
-        model_dir, cells_per_condition=2, conditions=("KRAS", "TP53", "ctrl"), steps=4
+        model_dir, cells_per_condition=2, conditions=("ctrl", "KRAS", "TP53"), steps=4
     )
     groups = data["perturbations"]
-    assert [(g["name"], g["is_control"]) for g in groups] == [
+    assert [(g["name"], g["is_control"]) for g in groups] == [  # control first, as `sedd predict`
+        ("ctrl", True),
         ("KRAS", False),
         ("TP53", False),
-        ("ctrl", True),
     ]
     assert data["control"] == "ctrl"
     got = np.concatenate([np.array(g["counts"]) for g in groups])
     np.testing.assert_array_equal(got, expected)
-    control_mean = expected[4:].mean(axis=0)
+    control_mean = expected[:2].mean(axis=0)
     for i, group in enumerate(groups):
         mean = expected[2 * i : 2 * i + 2].mean(axis=0)
         np.testing.assert_allclose(group["mean"], mean)
@@ -311,7 +311,7 @@ async def test_h5ad_by_format_field_or_accept_header(model_dir: Path) -> None:
     assert list(adata.obs["perturbation"]) == ["MYC", "MYC"]
     assert adata.uns["sedd"]["steps"] == 3 and adata.uns["sedd"]["precision"]["amp_dtype"] == "fp32"
     predicted = anndata.read_h5ad(io.BytesIO(by_header.content))
-    assert list(predicted.obs["perturbation"]) == ["MYC", "ctrl"]
+    assert list(predicted.obs["perturbation"]) == ["ctrl", "MYC"]
 
 
 async def test_stream_sends_queued_progress_per_step_then_the_result(model_dir: Path) -> None:

@@ -66,7 +66,7 @@ def perturbation_conditions(
             chosen.insert(0, control)
     if not chosen:
         raise ValueError(
-            f"nothing to generate: the only perturbation given is the control {control!r} and "
-            "--no-control removes it."
+            f"nothing to generate: the only perturbation given is the control {control!r}, and "
+            "leaving out the control (--no-control, include_control=False) removes it."
         )
     return chosen

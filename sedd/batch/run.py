@@ -10,16 +10,21 @@ result's ``stats``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
+from sedd.anndata_out import provenance_uns
 from sedd.batch.requests import GenerationRequest, cell_plan, jobs_for
 from sedd.cells import tokens_to_counts
 from sedd.checkpoints import LoadedModel
-from sedd.engine import Engine, EngineJob, JobProgress, JobResult, run_jobs
+from sedd.engine import Engine, EngineJob, JobResult, run_jobs
+from sedd.engine.offline import ProgressHook
 from sedd.monitor import Monitor, MonitorSnapshot
 from sedd.precision import PrecisionPolicy
 
@@ -38,7 +43,7 @@ def generate(
     precision: PrecisionPolicy,
     *,
     cell_range: range | None = None,
-    on_progress: Callable[[JobProgress], None] | None = None,
+    on_progress: ProgressHook | None = None,
     on_batch: Callable[[range, np.ndarray], None] | None = None,
 ) -> GenerationResult:
     """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding).
@@ -106,3 +111,38 @@ def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, objec
         stats["gpu_utilization_pct"] = snapshot.gpu_utilization_pct
         stats["gpu_memory_used_mib"] = snapshot.gpu_memory_used_mib
     return stats
+
+
+def run_provenance(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision: PrecisionPolicy,
+    stats: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad)."""
+    return provenance_uns(
+        sampler=request.sampler,
+        steps=request.steps,
+        seed=request.seed,
+        temperature=request.temperature,
+        precision_record=precision.record(int(stats.get("fp32_fallbacks") or 0)),
+        checkpoint_hash=loaded.file_hash,
+        timings=stats,
+        extra={"model": str(loaded.path), "request": request.record(), **(extra or {})},
+    )
+
+
+@contextmanager
+def progress_bar(num_cells: int, steps: int, desc: str) -> Iterator[ProgressHook]:
+    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the engine's
+    progress hook. ``tqdm.auto``: a widget in notebooks, text in a terminal."""
+    scale = 1.0 / (steps + 1)  # one row moves (steps + 1) times: steps + final denoise
+    layout = (
+        "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} cells "
+        "[{elapsed}<{remaining}, {rate_fmt}]"
+    )
+    with tqdm(
+        total=num_cells * (steps + 1), unit="cell", unit_scale=scale, desc=desc, bar_format=layout
+    ) as bar:
+        yield lambda update: bar.update(update.rows)

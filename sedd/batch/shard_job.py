@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.anndata_out import provenance_uns, write_cells_h5ad
+from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.manifest import (
     ShardOutputError,
     ShardPaths,
@@ -33,7 +33,7 @@ from sedd.batch.manifest import (
     shard_entry,
 )
 from sedd.batch.requests import GenerationRequest, cell_plan
-from sedd.batch.run import generate
+from sedd.batch.run import generate, run_provenance
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine import JobProgress
@@ -179,26 +179,13 @@ class ShardJob:
 
 
 def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
-    request = job.request
-    return provenance_uns(
-        sampler=request.sampler,
-        steps=request.steps,
-        seed=request.seed,
-        temperature=request.temperature,
-        precision_record=job.precision.record(stats["fp32_fallbacks"]),
-        checkpoint_hash=job.loaded.file_hash,
-        timings=stats,
-        extra={
-            "model": str(job.loaded.path),
-            "request": request.record(),
-            "shard": {
-                "index": job.shard.index,
-                "count": job.shard.count,
-                "cell_range": [job.cells.start, job.cells.stop],
-                "identity_sha256": job.identity_sha256,
-            },
-        },
-    )
+    shard = {
+        "index": job.shard.index,
+        "count": job.shard.count,
+        "cell_range": [job.cells.start, job.cells.stop],
+        "identity_sha256": job.identity_sha256,
+    }
+    return run_provenance(job.loaded, job.request, job.precision, stats, {"shard": shard})
 
 
 def prepare_shard(

@@ -8,21 +8,18 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tqdm import tqdm
 
-from sedd.anndata_out import provenance_uns, write_cells_h5ad
+from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.requests import GenerationRequest, cell_plan
-from sedd.batch.run import generate
+from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.engine import JobProgress
 from sedd.files import write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
 
@@ -107,23 +104,6 @@ def request_from_args(
     )
 
 
-@contextmanager
-def progress(
-    num_cells: int, steps: int, desc: str
-) -> Iterator[Callable[[JobProgress], None]]:
-    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the engine's
-    progress hook."""
-    scale = 1.0 / (steps + 1)  # one batch row moves (steps + 1) times: steps + final denoise
-    layout = (
-        "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} cells "
-        "[{elapsed}<{remaining}, {rate_fmt}]"
-    )
-    with tqdm(
-        total=num_cells * (steps + 1), unit="cell", unit_scale=scale, desc=desc, bar_format=layout
-    ) as bar:
-        yield lambda stats: bar.update(stats.rows)
-
-
 def write_one_file(
     loaded: LoadedModel,
     request: GenerationRequest,
@@ -135,18 +115,9 @@ def write_one_file(
     request.validate()
     precision = resolve_precision_noting(precision_name, loaded.device)
     num_cells = len(cell_plan(loaded, request))
-    with progress(num_cells, request.steps, "sampling") as on_progress:
+    with progress_bar(num_cells, request.steps, "sampling") as on_progress:
         result = generate(loaded, request, precision, on_progress=on_progress)
-    uns = provenance_uns(
-        sampler=request.sampler,
-        steps=request.steps,
-        seed=request.seed,
-        temperature=request.temperature,
-        precision_record=precision.record(result.stats["fp32_fallbacks"]),  # type: ignore[arg-type]
-        checkpoint_hash=loaded.file_hash,
-        timings=result.stats,
-        extra={"model": str(loaded.path), "request": request_dict(request)},
-    )
+    uns = run_provenance(loaded, request, precision, result.stats)
     write_cells_h5ad(out, result.counts, result.genes, result.obs, uns, count_dtype=counts_dtype)
     return finish(out, result.stats, precision, num_genes=len(result.genes))
 
@@ -167,7 +138,7 @@ def run_shard(
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    with progress(job.cells_to_generate, request.steps, label) as on_progress:
+    with progress_bar(job.cells_to_generate, request.steps, label) as on_progress:
         entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,
@@ -187,10 +158,6 @@ def resolve_precision_noting(name: str, device: torch.device) -> PrecisionPolicy
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)
     return precision
-
-
-def request_dict(request: GenerationRequest) -> dict[str, Any]:
-    return request.record()
 
 
 def finish(

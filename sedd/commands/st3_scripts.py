@@ -29,7 +29,6 @@ from sedd.checkpoints import LoadedModel
 from sedd.commands.checkpoints import load_from_args
 from sedd.commands.output import (
     add_shard_arguments,
-    request_dict,
     request_from_args,
     run_shard,
     write_one_file,
@@ -113,7 +112,7 @@ def _write(
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "model": str(loaded.path),
         "model_sha256": loaded.file_hash,
-        "request": request_dict(request),
+        "request": request.record(),
         "output": str(out),
         "num_cells": summary["cells"],
         "genes": len(loaded.config.genes),

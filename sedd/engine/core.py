@@ -239,14 +239,15 @@ class Engine:
         stepped = {id(blk.state): blk.state for blk in blocks if not blk.state.done}
         for st in stepped.values():
             if st.on_progress is not None:
-                self._report(st, [blk for blk in active if blk.state is st])
+                rows = sum(blk.rows for blk in blocks if blk.state is st)
+                self._report(st, [blk for blk in active if blk.state is st], rows)
         for st in stepped.values():
             if st.rows_done == st.job.num_cells:
                 self._complete(st)
 
-    def _report(self, st: JobState, mine: list[RowBlock]) -> None:
+    def _report(self, st: JobState, mine: list[RowBlock], rows: int) -> None:
         try:
-            st.on_progress(st.progress(mine, self.sampler.graph))  # type: ignore[misc]
+            st.on_progress(st.progress(mine, self.sampler.graph, rows))  # type: ignore[misc]
         except Exception:  # a caller's hook must not stop the engine
             log.exception("on_progress of job %d raised", st.handle.job_id)
 

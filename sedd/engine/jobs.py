@@ -57,7 +57,7 @@ class EngineJob:
 class JobProgress:
     step: int  # steps done by every row of the job; the final denoise is step == steps
     steps: int  # total, the denoise included
-    rows: int  # the job's rows in flight now
+    rows: int  # the job's rows this step moved
     fraction_masked: float  # of all the job's positions (0 for uniform graphs)
 
 

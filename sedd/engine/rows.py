@@ -56,15 +56,16 @@ class JobState:
         else:
             self.x = job.x_init.to(device=device, dtype=torch.long).clone()
 
-    def progress(self, mine: list[RowBlock], graph: Graph) -> JobProgress:
-        """Where the job is, given its blocks still in flight (``mine``)."""
+    def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> JobProgress:
+        """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
+        this step moved."""
         total = self.job.total_steps
         done = self.admitted == self.job.num_cells
         step = min((blk.step for blk in mine), default=total) if done else 0
         masked = 0.0
         if graph.absorb:
             masked = float((self.x == graph.mask_index).float().mean())
-        return JobProgress(step, total, sum(blk.rows for blk in mine), masked)
+        return JobProgress(step, total, rows, masked)
 
 
 @dataclass(eq=False)

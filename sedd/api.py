@@ -1,0 +1,267 @@
+"""The Python front door: ``sedd.load(path) -> Model``; its methods return AnnData.
+
+    import sedd
+
+    model = sedd.load()  # the bundled PBMC model; or any path `sedd generate --model` takes
+    cells = model.generate(100, condition="CD14+ Monocyte", steps=50, seed=0)
+    cells.obs["bulk_labels"].value_counts()
+
+Each call builds the library's one request type and runs it on the batching engine in this
+thread (the server runs the same engine on a thread of its own), so the same request gives the
+same cells here, from ``sedd generate`` and from the server: cell i of a request draws from
+random stream (seed, i).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anndata
+import torch
+
+from sedd.anndata_out import cells_anndata
+from sedd.batch.conditions import known_perturbations, perturbation_conditions
+from sedd.batch.impute import imputation_from_anndata
+from sedd.batch.requests import GenerationRequest, Imputation, cell_plan
+from sedd.batch.run import generate, progress_bar, run_provenance
+from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
+from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
+from sedd.sampling import Predictor
+
+__all__ = ["Model", "load"]
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    device: str | torch.device | None = None,
+    precision: AmpName | str = "auto",
+    genes: str | Path | None = None,
+    perturbations: str | Path | None = None,
+    vectors: str | Path | None = None,
+    checkpoint: str | None = None,
+    use_ema: bool = True,
+) -> Model:
+    """Load a model for sampling.
+
+    ``path``: a native model directory, an st3 experiment directory, a reference SEDD model
+    directory or training run (``None``: the bundled PBMC model). ``device``: default CUDA when
+    available, else CPU. ``precision``: the autocast dtype of the model forward ("auto" picks
+    bf16 only where it is fast; see docs/precision.md). ``genes`` / ``perturbations`` /
+    ``vectors``: side files with gene names, the perturbation name -> index mapping and
+    name -> vector file, as ``sedd generate`` takes them. ``checkpoint``: a file inside ``path``
+    (st3: ``epoch_3.pt``); ``use_ema=False``: a training run's raw weights.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    loaded = load_checkpoint(
+        DEFAULT_MODEL if path is None else path,
+        checkpoint=checkpoint,
+        use_ema=use_ema,
+        genes=genes,
+        perturbations=perturbations,
+        vectors=vectors,
+        device=device,
+    )
+    return Model(loaded, resolve_precision(precision, loaded.device))
+
+
+class Model:
+    """A loaded model and its precision policy; every sampling method returns AnnData.
+
+    The AnnData holds integer counts (cells x the model's genes) in ``.X``, one ``obs`` row per
+    cell (its condition, its number within the condition, its cell type) and the provenance in
+    ``uns["sedd"]`` (sampler, steps, seed, precision record, checkpoint hash, timings).
+    """
+
+    def __init__(self, loaded: LoadedModel, policy: PrecisionPolicy) -> None:
+        self.loaded, self.policy = loaded, policy
+
+    def __repr__(self) -> str:
+        conditions = f", {len(self.conditions)} conditions" if self.conditions else ""
+        return (
+            f"sedd.Model({self.loaded.path.name}: {len(self.genes)} genes{conditions}, "
+            f"{self.policy.name} on {self.policy.device})"
+        )
+
+    @property
+    def genes(self) -> list[str]:
+        return list(self.loaded.config.genes)
+
+    @property
+    def conditions(self) -> list[str]:
+        """The perturbation (condition) names the model is conditioned on; [] if unconditional."""
+        return known_perturbations(self.loaded) if self.loaded.config.num_perturbations else []
+
+    @property
+    def control(self) -> str | None:
+        return self.loaded.config.control_label
+
+    @property
+    def cell_types(self) -> list[str]:
+        return list(self.loaded.config.cell_types or [])
+
+    @property
+    def card(self) -> dict[str, Any]:
+        """What ``sedd info`` shows: architecture, parameters, genes, labels, sha256, ..."""
+        return model_card_dict(self.loaded)
+
+    @property
+    def precision(self) -> dict[str, object]:
+        """How forwards run: amp dtype, weight dtype, TF32, device, torch version."""
+        record = self.policy.record()
+        record.pop("fp32_fallbacks")
+        return record
+
+    def generate(
+        self,
+        num_cells: int,
+        *,
+        condition: str | Sequence[str] | None = None,
+        cell_type: str | None = None,
+        steps: int = 50,
+        sampler: Predictor = "euler",
+        temperature: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> anndata.AnnData:
+        """``num_cells`` cells per condition.
+
+        ``condition``: a name or a list of names (conditional models only); ``None`` means every
+        condition the model knows. Same cells as ``sedd generate --conditions ... --cells N
+        --seed S`` and the server's ``/generate`` for the same parameters.
+        """
+        names = [condition] if isinstance(condition, str) else condition
+        if names is None and self.loaded.config.num_perturbations:
+            names = self.conditions
+        request = GenerationRequest(
+            cells_per_condition=num_cells,
+            conditions=tuple(names) if names else None,
+            cell_type=cell_type,
+            steps=steps,
+            sampler=sampler,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
+        )
+        return self._run(request, progress)
+
+    def predict(
+        self,
+        perturbations: str | Sequence[str] | None,
+        *,
+        cells_per_perturbation: int = 100,
+        include_control: bool = True,
+        control: str | None = None,
+        cell_type: str | None = None,
+        steps: int = 50,
+        sampler: Predictor = "euler",
+        temperature: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 64,
+        progress: bool = False,
+    ) -> anndata.AnnData:
+        """Cells under each perturbation, plus as many control cells (first) unless
+        ``include_control=False``. ``perturbations=None``: every one the model knows. Same
+        cells as ``sedd predict``."""
+        names = [perturbations] if isinstance(perturbations, str) else perturbations
+        conditions = perturbation_conditions(
+            self.loaded, names, include_control=include_control, control=control
+        )
+        request = GenerationRequest(
+            cells_per_condition=cells_per_perturbation,
+            conditions=tuple(conditions),
+            cell_type=cell_type,
+            steps=steps,
+            sampler=sampler,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
+        )
+        return self._run(request, progress)
+
+    def impute(
+        self,
+        adata: anndata.AnnData | str | Path,
+        *,
+        layer: str | None = None,
+        condition: str | None = None,
+        cell_type: str | None = None,
+        steps: int = 50,
+        sampler: Predictor = "euler",
+        temperature: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 64,
+        clip: bool = False,
+        progress: bool = False,
+    ) -> anndata.AnnData:
+        """Sample the genes ``adata`` does not observe, keeping the counts it does.
+
+        Genes are matched by name: genes the model does not have are reported (a warning) and
+        dropped; model genes ``adata`` lacks are sampled. Counts come from ``.X`` or ``layer``
+        and must be integers (``clip=True`` clips counts above the vocabulary). Conditional
+        models impute under ``condition`` (default: the control). The result has the input's
+        cell names and ``var["observed"]``.
+        """
+        given = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
+        if given.dropped_genes:
+            shown = ", ".join(given.dropped_genes[:5])
+            warnings.warn(
+                f"{len(given.dropped_genes)} gene(s) of the data are not in the model and were "
+                f"dropped (e.g. {shown}).",
+                UserWarning,
+                stacklevel=2,
+            )
+        request = GenerationRequest(
+            cells_per_condition=given.imputation.num_cells,
+            conditions=self._one_condition(condition),
+            cell_type=cell_type,
+            steps=steps,
+            sampler=sampler,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
+            imputation=given.imputation,
+        )
+        out = self._run(request, progress)
+        out.obs_names = given.obs_names
+        out.var["observed"] = _observed(given.imputation, self.genes)
+        out.uns["sedd"]["imputation"] = {
+            "observed_genes": len(given.observed_genes),
+            "dropped_genes": given.dropped_genes,
+        }
+        return out
+
+    def _one_condition(self, condition: str | None) -> tuple[str, ...] | None:
+        if not self.loaded.config.num_perturbations:
+            if condition is not None:
+                raise ValueError(
+                    f"`condition` must be None: this model is unconditional, got {condition!r}."
+                )
+            return None
+        name = condition if condition is not None else self.control
+        if name is None:
+            raise ValueError(
+                "`condition` must be given: this model is conditional and has no control label."
+            )
+        return (name,)
+
+    def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
+        request.validate()
+        if not progress:
+            result = generate(self.loaded, request, self.policy)
+        else:
+            num_cells = len(cell_plan(self.loaded, request))
+            with progress_bar(num_cells, request.steps, "sampling") as on_progress:
+                result = generate(self.loaded, request, self.policy, on_progress=on_progress)
+        uns = run_provenance(self.loaded, request, self.policy, result.stats)
+        return cells_anndata(result.counts, result.genes, result.obs, uns)
+
+
+def _observed(imputation: Imputation, genes: list[str]) -> list[bool]:
+    observed = set(imputation.genes)
+    return [gene in observed for gene in genes]

@@ -1,0 +1,58 @@
+"""``sedd impute``: sample the genes an .h5ad does not observe, keeping the counts it does."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from sedd.anndata_out import write_h5ad_atomic
+from sedd.api import Model
+from sedd.commands.checkpoints import add_model_arguments, load_from_args
+from sedd.commands.generate import add_sampling_arguments
+from sedd.commands.output import finish, resolve_precision_noting
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "impute",
+        help="impute the unobserved genes of cells in an .h5ad",
+        description="Read integer counts of some genes of some cells (.X or --layer), match the "
+        "genes to the model's by name (genes the model lacks are reported and dropped), sample "
+        "every other gene and write all of the model's genes, the given counts kept.",
+    )
+    p.add_argument("input", type=Path, metavar="INPUT", help=".h5ad with integer counts")
+    p.add_argument("--layer", help="read counts from this layer instead of .X")
+    p.add_argument(
+        "--condition", metavar="NAME", help="condition of every cell (default: the control)"
+    )
+    p.add_argument(
+        "--clip", action="store_true", help="clip counts above the model's vocabulary"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("out/imputed.h5ad"), help="output .h5ad"
+    )
+    add_model_arguments(p)
+    add_sampling_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.input.is_file():
+        raise FileNotFoundError(f"INPUT {args.input} is not a file; pass an .h5ad of counts.")
+    loaded = load_from_args(args)
+    model = Model(loaded, resolve_precision_noting(args.precision, loaded.device))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        adata = model.impute(
+            args.input, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
+            steps=args.steps, sampler=args.sampler, temperature=args.temperature,
+            seed=args.seed, batch_size=args.batch_size, clip=args.clip, progress=True,
+        )  # fmt: skip
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    write_h5ad_atomic(adata, args.out)
+    stats = dict(adata.uns["sedd"]["timings"])
+    finish(args.out, stats, model.policy, num_genes=adata.n_vars)
+    return 0
