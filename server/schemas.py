@@ -12,9 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sedd.config import ModelConfig
+from sedd.sampling import Predictor
 from server.config import Settings
 
-SamplerName = Literal["euler", "analytic"]
+SamplerName = Predictor  # the library's one definition
 OutputFormat = Literal["json", "h5ad"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]

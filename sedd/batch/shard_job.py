@@ -94,43 +94,15 @@ class ShardJob:
             return self.done_entry
         resumed = self.resumed_cells
         self.parts_dir.mkdir(parents=True, exist_ok=True)
-        totals: dict[str, Any] = {"seconds": 0.0, "forwards": 0, "fp32_fallbacks": 0}
-        # the memory and GPU figures of the last gap's run (peak: the largest of all runs)
-        last: dict[str, Any] = {"peak_memory_kind": "none", "current_memory_mib": 0.0}
-        peak = 0.0
-        for gap in self.gaps():
-            result = generate(
-                self.loaded,
-                self.request,
-                self.precision,
-                cell_range=gap,
-                on_progress=on_progress,
-                on_batch=self._save_part,
-            )
-            for key in totals:
-                totals[key] += result.stats[key]  # type: ignore[operator]
-            peak = max(peak, float(result.stats["peak_memory_mib"]))  # type: ignore[arg-type]
-            last = {key: value for key, value in result.stats.items() if key in _LAST_RUN_KEYS}
+        runs = [
+            generate(
+                self.loaded, self.request, self.precision,
+                cell_range=gap, on_progress=on_progress, on_batch=self._save_part,
+            ).stats
+            for gap in self.gaps()
+        ]  # fmt: skip
         counts = self._assembled_counts()
-        new_cells = len(self.cells) - resumed
-        seconds = totals["seconds"]
-        num_genes = self.loaded.config.num_genes
-
-        def rate(count: int) -> float:
-            # an empty shard (more shards than cells) has no rate: report 0, not NaN
-            return count / seconds if seconds > 0 else 0.0
-
-        stats = {
-            "cells": len(self.cells),
-            "cells_generated": new_cells,
-            "cells_resumed": resumed,
-            **totals,
-            "cells_per_s": rate(new_cells),
-            "tokens_per_s": rate(new_cells * num_genes),
-            "forwards_per_s": rate(totals["forwards"]),
-            "peak_memory_mib": peak,
-            **last,
-        }
+        stats = self._shard_stats(runs, resumed)
         plan = cell_plan(self.loaded, self.request)
         uns = shard_provenance(self, stats)
         write_cells_h5ad(
@@ -154,6 +126,34 @@ class ShardJob:
         write_json_atomic(self.paths.entry, entry)
         shutil.rmtree(self.parts_dir, ignore_errors=True)
         return entry
+
+    def _shard_stats(self, runs: list[dict[str, Any]], resumed: int) -> dict[str, Any]:
+        """The shard's figures: totals over its runs (one per gap), rates over their time."""
+        totals: dict[str, Any] = {"seconds": 0.0, "forwards": 0, "fp32_fallbacks": 0}
+        for run in runs:
+            for key in totals:
+                totals[key] += run[key]
+        # the memory and GPU figures of the last run (peak: the largest of all runs)
+        last: dict[str, Any] = {"peak_memory_kind": "none", "current_memory_mib": 0.0}
+        if runs:
+            last = {key: value for key, value in runs[-1].items() if key in _LAST_RUN_KEYS}
+        new_cells, seconds = len(self.cells) - resumed, totals["seconds"]
+
+        def rate(count: int) -> float:
+            # an empty shard (more shards than cells) has no rate: report 0, not NaN
+            return count / seconds if seconds > 0 else 0.0
+
+        return {
+            "cells": len(self.cells),
+            "cells_generated": new_cells,
+            "cells_resumed": resumed,
+            **totals,
+            "cells_per_s": rate(new_cells),
+            "tokens_per_s": rate(new_cells * self.loaded.config.num_genes),
+            "forwards_per_s": rate(totals["forwards"]),
+            "peak_memory_mib": max((float(run["peak_memory_mib"]) for run in runs), default=0.0),
+            **last,
+        }
 
     def _save_part(self, cells: range, counts: np.ndarray) -> None:
         part = sp.csr_matrix(counts.astype(np.int32 if counts.max(initial=0) < 2**31 else np.int64))

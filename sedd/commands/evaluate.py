@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -137,25 +137,48 @@ def run(args: argparse.Namespace) -> int:
         if args.pca_fit_on_rest
         else None,
     )
-    result = {
-        "inputs": {
-            "real": str(args.real),
-            "generated": str(args.generated),
-            "real_cells_in_file": n_real_file,
-            "real_cells_used": real.n_obs,
-            "real_split": {"key": args.split_key, "value": args.split_value}
-            if args.split_value is not None
-            else None,
-            "generated_cells": gen.n_obs,
-            "genes_real": real.n_vars,
-            "genes_generated": gen.n_vars,
-            "genes_shared": len(genes),
-            "condition_key_real": real_key,
-            "condition_key_generated": gen_key,
-        },
-        **result,
+    inputs = _inputs(args, n_real_file, real, gen, len(genes), real_key, gen_key)
+    result = {"inputs": inputs, **result}
+    _report(console, args, result, arrays, write_evaluation_plots)
+    return 0
+
+
+def _inputs(
+    args: argparse.Namespace,
+    n_real_file: int,
+    real: anndata.AnnData,
+    gen: anndata.AnnData,
+    shared_genes: int,
+    real_key: str | None,
+    gen_key: str | None,
+) -> dict[str, Any]:
+    """What was compared, for metrics.json."""
+    split = None
+    if args.split_value is not None:
+        split = {"key": args.split_key, "value": args.split_value}
+    return {
+        "real": str(args.real),
+        "generated": str(args.generated),
+        "real_cells_in_file": n_real_file,
+        "real_cells_used": real.n_obs,
+        "real_split": split,
+        "generated_cells": gen.n_obs,
+        "genes_real": real.n_vars,
+        "genes_generated": gen.n_vars,
+        "genes_shared": shared_genes,
+        "condition_key_real": real_key,
+        "condition_key_generated": gen_key,
     }
 
+
+def _report(
+    console: Console,
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    arrays: Any,
+    write_plots: Any,
+) -> None:
+    """Print the tables, write metrics.json and the plots."""
     console.print(_overall_table(result["overall"]))
     if result["per_condition"]:
         console.print(_condition_table(result["per_condition"]))
@@ -167,9 +190,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"no plots: {result['overall'].get('skipped')}")
     else:
         pearson = result["overall"].get("gene_mean_pearson")
-        for path in write_evaluation_plots(arrays, out_dir, pearson=pearson):
+        for path in write_plots(arrays, out_dir, pearson=pearson):
             console.print(f"wrote {path}")
-    return 0
 
 
 def _read_h5ad(path: Path, flag: str) -> anndata.AnnData:
