@@ -251,3 +251,25 @@ def test_product_texts_do_not_point_outside_the_repository() -> None:
                 found.append(f"  {path.relative_to(ROOT)}:{number}: {', '.join(hits)}")
     assert scanned > 10, "too few product files scanned"
     assert not found, "texts that point outside the repository:\n" + "\n".join(found)
+
+
+def test_every_name_scripts_and_tests_import_from_the_library_exists() -> None:
+    """``scripts/`` run outside pytest (SLURM jobs, benchmarks): a moved name must fail here."""
+    import importlib
+
+    missing = []
+    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            if node.module.split(".")[0] not in PACKAGES:
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name) and not _is_submodule(node.module, alias.name):
+                    missing.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
+    assert not missing, "imports of names that do not exist:\n" + "\n".join(missing)
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    return (ROOT / package.replace(".", "/") / f"{name}.py").is_file()

@@ -18,6 +18,7 @@ from sedd.checkpoints.loaded import (
     LoadedModel,
     UnknownLabelError,
     build_model,
+    read_model_config,
 )
 from sedd.checkpoints.native import save_native
 
@@ -36,5 +37,6 @@ __all__ = [
     "load_checkpoint",
     "model_card",
     "model_card_dict",
+    "read_model_config",
     "save_native",
 ]
