@@ -14,6 +14,7 @@ random stream (seed, i).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ def load(
     vectors: str | Path | None = None,
     checkpoint: str | None = None,
     use_ema: bool = True,
+    tokens_per_forward: int | None = None,
 ) -> Model:
     """Load a model for sampling.
 
@@ -54,6 +56,8 @@ def load(
     ``vectors``: side files with gene names, the perturbation name -> index mapping and
     name -> vector file, as ``sedd generate`` takes them. ``checkpoint``: a file inside ``path``
     (st3: ``epoch_3.pt``); ``use_ema=False``: a training run's raw weights.
+    ``tokens_per_forward``: rows x genes per model forward (the device's default when None), as
+    ``sedd generate --tokens-per-forward`` and the server's ``SEDD_TOKENS_PER_FORWARD``.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,7 +70,8 @@ def load(
         vectors=vectors,
         device=device,
     )
-    return Model(loaded, resolve_precision(precision, loaded.device))
+    policy = resolve_precision(precision, loaded.device)
+    return Model(loaded, policy, tokens_per_forward=tokens_per_forward)
 
 
 class Model:
@@ -77,8 +82,10 @@ class Model:
     ``uns["sedd"]`` (sampler, steps, seed, precision record, checkpoint hash, timings).
     """
 
-    def __init__(self, loaded: LoadedModel, policy: PrecisionPolicy) -> None:
-        self.loaded, self.policy = loaded, policy
+    def __init__(
+        self, loaded: LoadedModel, policy: PrecisionPolicy, *, tokens_per_forward: int | None = None
+    ) -> None:
+        self.loaded, self.policy, self.tokens_per_forward = loaded, policy, tokens_per_forward
 
     def __repr__(self) -> str:
         conditions = f", {len(self.conditions)} conditions" if self.conditions else ""
@@ -251,6 +258,7 @@ class Model:
         return (name,)
 
     def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
+        request = dataclasses.replace(request, tokens_per_forward=self.tokens_per_forward)
         request.validate()
         if not progress:
             result = generate(self.loaded, request, self.policy)

@@ -104,6 +104,23 @@ def _device_supports_bf16(device: torch.device) -> bool:
             return False
 
 
+@dataclass(frozen=True)
+class _RowInputs:
+    """A forward's per-row inputs, selectable together."""
+
+    x: torch.Tensor  # (B, L)
+    sigma: torch.Tensor  # (B,)
+    labels: torch.Tensor | None
+    cell_types: torch.Tensor | None
+
+    def rows(self, index: torch.Tensor) -> _RowInputs:
+        def take(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value[index]
+
+        labels, cell_types = take(self.labels), take(self.cell_types)
+        return _RowInputs(self.x[index], self.sigma[index], labels, cell_types)
+
+
 class ScoreOutput(NamedTuple):
     """What ``PrecisionPolicy.forward`` returns: the fp32 output and the rows it redid in fp32."""
 
@@ -146,29 +163,26 @@ class PrecisionPolicy:
         labels: torch.Tensor | None = None,
         cell_types: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        block_rows: int | None = None,
     ) -> ScoreOutput:
         """Run ``model`` under this policy; its output comes back in fp32.
 
         x: (B, L) tokens; sigma: (B,) total noise per row. ``positions`` (B, L) bool selects the
         positions the sampler needs; the scores are then (M, V) for the M selected positions
-        (row-major), otherwise (B, L, V). A row whose output holds NaN/Inf is recomputed in fp32
+        (row-major), otherwise (B, L, V). ``block_rows`` runs the model on blocks of exactly that
+        many rows (the last one padded with copies of its last row), so every row goes through
+        the same kernel shapes whatever the batch: a row's scores are then bit-identical
+        whatever else is in the batch. A row whose output holds NaN/Inf is recomputed in fp32
         (rule 5) and listed in ``fp32_fallback_rows``; if fp32 fails too,
         ``NonFiniteScoreError`` is raised.
         """
-        with torch.inference_mode(), self.autocast():
-            raw = model(x, sigma, labels=labels, cell_types=cell_types)  # (B, L, V)
-        out = self._gather_fp32(raw, positions)
+        inputs = _RowInputs(x, sigma, labels, cell_types)
+        out = self._blocks(model, inputs, positions, block_rows, amp=True)
         bad_rows = self._bad_rows(out, positions, x.shape[0])
         if bad_rows.numel() == 0:
             return ScoreOutput(out, ())
         # precision: rule 5, recompute only the affected rows with autocast off.
-        with torch.inference_mode(), torch.autocast(self.device.type, enabled=False):
-            redo = model(
-                x[bad_rows],
-                sigma[bad_rows],
-                labels=None if labels is None else labels[bad_rows],
-                cell_types=None if cell_types is None else cell_types[bad_rows],
-            ).float()
+        redo = self._blocks(model, inputs.rows(bad_rows), None, block_rows, amp=False)
         if not torch.isfinite(redo).all():
             raise NonFiniteScoreError(
                 f"model output is not finite for rows {bad_rows.tolist()} even in fp32; "
@@ -185,6 +199,33 @@ class PrecisionPolicy:
         redone = torch.isin(row_of, bad_rows)
         out[redone] = fixed[redone]
         return ScoreOutput(out, rows)
+
+    def _blocks(
+        self,
+        model: ScoreModel,
+        inputs: _RowInputs,
+        positions: torch.Tensor | None,
+        block_rows: int | None,
+        *,
+        amp: bool,
+    ) -> torch.Tensor:
+        """The fp32 output of ``model`` over ``inputs``, in blocks of ``block_rows`` rows."""
+        total = inputs.x.shape[0]
+        size = total if block_rows is None else block_rows
+        if size < 1:
+            raise ValueError(f"`block_rows` must be >= 1, got {block_rows}.")
+        parts = []
+        for lo in range(0, total, size):
+            hi = min(lo + size, total)
+            # (size,) row indices: the block's rows, then its last row again as padding
+            index = torch.arange(lo, lo + size, device=inputs.x.device).clamp_max(hi - 1)
+            block = inputs.rows(index)
+            region = self.autocast() if amp else torch.autocast(self.device.type, enabled=False)
+            with torch.inference_mode(), region:
+                raw = model(block.x, block.sigma, labels=block.labels, cell_types=block.cell_types)
+            picked = None if positions is None else positions[lo:hi]
+            parts.append(self._gather_fp32(raw[: hi - lo], picked))  # (B, L, V) or (M, V)
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
 
     @staticmethod
     def _gather_fp32(raw: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=4 * 2**20, ge=1024)
     max_queued_jobs: int = Field(default=64, ge=1)
     max_rows_per_forward: int = Field(default=256, ge=1)
+    tokens_per_forward: int | None = Field(
+        default=None, ge=1, description="rows x genes per model forward (the fixed row block)"
+    )
     request_timeout_s: float = Field(default=600.0, gt=0)
     drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: wait this long")
     api_key: SecretStr | None = Field(

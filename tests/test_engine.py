@@ -21,15 +21,18 @@ from sedd.engine import (
     EngineJob,
     EngineStopped,
     JobCancelled,
+    JobLimits,
     JobProgress,
     JobResult,
     JobTimeout,
+    run_job,
 )
 from sedd.graph import graph_from_config
 from sedd.model import SEDDPerturbationTransformer
 from sedd.noise import noise_from_config
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
 from sedd.samplers import AnalyticSampler, EulerSampler
+from sedd.sampling import Sampler, block_rows_for
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
@@ -73,9 +76,10 @@ LOADED = tiny_loaded()
 
 
 def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
-    """The job run alone (its own engine, all rows in one forward) through ``sample``."""
+    """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
     cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
-    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32)
+    rows = block_rows_for(GENES, "cpu")  # what Engine.for_model uses
+    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
     return sampler.sample(
         job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
         labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
@@ -308,13 +312,16 @@ class OomAbove(nn.Module):
 
 def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
     model = OomAbove(LOADED.model, rows=4)
-    engine = Engine.for_model(dataclasses.replace(LOADED, model=model), FP32)
+    # forwards as large as the packed rows (no fixed blocks), so halving the rows halves them
+    sampler = Sampler(model, LOADED.noise, LOADED.graph, precision=FP32, block_rows=None)
+    engine = Engine(sampler, JobLimits.of_model(LOADED))
     jobs = [job(3, seed=1), job(3, seed=2, label=2), job(2, seed=3, sampler="analytic")]
     handles = [engine.submit(j) for j in jobs]
     too_big = engine.submit(job(5, seed=4))
     run_until_idle(engine)
     for j, h in zip(jobs, handles, strict=True):
-        assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
+        alone = Engine(sampler, JobLimits.of_model(LOADED))
+        assert torch.equal(h.future.result(timeout=0).tokens, run_job(alone, j).tokens)
     with pytest.raises(torch.OutOfMemoryError):
         too_big.future.result(timeout=0)
     assert max(model.ran) <= 4 and 3 in model.ran and 2 in model.ran  # one forward per job

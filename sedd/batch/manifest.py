@@ -31,6 +31,7 @@ from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.files import temporary_beside
 from sedd.precision import PrecisionPolicy
+from sedd.sampling import block_rows_for
 
 FORMAT = "sedd-shards/1"
 REQUEST_FILE = "request.json"
@@ -85,6 +86,9 @@ def request_identity(
         "request": params,
         "model_sha256": loaded.file_hash,
         "genes_sha256": _canonical_sha256(list(loaded.config.genes)),
+        "block_rows": block_rows_for(
+            loaded.config.num_genes, precision.device, request.tokens_per_forward
+        ),
         "amp_dtype": precision.name,
         "tf32": precision.tf32,
         "device_type": precision.device.type,

@@ -72,7 +72,7 @@ class GenerationRequest:
     ``conditions`` are perturbation names (conditional models only); a name listed k times gets
     k x ``cells_per_condition`` cells. ``imputation`` (one condition only) holds observed counts
     that every cell keeps; its cells are its rows. ``batch_size`` is the number of cells per
-    model forward; it never changes a cell.
+    model forward (rounded up to whole forward blocks); it never changes a cell.
     """
 
     cells_per_condition: int
@@ -83,15 +83,20 @@ class GenerationRequest:
     temperature: float = 1.0
     seed: int = 0
     batch_size: int = 64
+    # tokens per model forward; its rows (this // genes) are the forward's fixed shape, so it
+    # decides the cells (like the precision). None: the device's default.
+    tokens_per_forward: int | None = None
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
+        budget = self.tokens_per_forward
         checks = {
             "cells_per_condition": (self.cells_per_condition >= 1, ">= 1"),
             "steps": (self.steps >= 1, ">= 1"),
             "temperature": (self.temperature > 0, "> 0"),
             "seed": (self.seed >= 0, ">= 0"),
             "batch_size": (self.batch_size >= 1, ">= 1"),
+            "tokens_per_forward": (budget is None or budget >= 1, ">= 1 (or None)"),
         }
         for name, (ok, rule) in checks.items():
             if not ok:
@@ -120,6 +125,7 @@ class GenerationRequest:
             "temperature": self.temperature,
             "seed": self.seed,
             "batch_size": self.batch_size,
+            "tokens_per_forward": self.tokens_per_forward,
         }
         if self.imputation is not None:
             out["imputed_from_genes"] = list(self.imputation.genes)

@@ -27,6 +27,7 @@ from sedd.engine import Engine, EngineJob, JobResult, run_jobs
 from sedd.engine.offline import ProgressHook
 from sedd.monitor import Monitor, MonitorSnapshot
 from sedd.precision import PrecisionPolicy
+from sedd.sampling import block_rows_for
 
 
 @dataclass
@@ -59,8 +60,13 @@ def generate(
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
     num_genes, mask = loaded.config.num_genes, loaded.config.tokens.mask_index
     monitor = Monitor(loaded.device, num_genes)
+    block = block_rows_for(num_genes, loaded.device, request.tokens_per_forward)
     engine = Engine.for_model(
-        loaded, precision, max_rows_per_forward=request.batch_size, observer=monitor
+        loaded,
+        precision,
+        tokens_per_forward=request.tokens_per_forward,
+        max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
+        observer=monitor,
     )
     batches: list[range] = []
     parts: list[np.ndarray] = []

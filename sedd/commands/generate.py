@@ -23,7 +23,19 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         choices=["auto", "bf16", "fp16", "fp32"],
         help="autocast dtype of the model forward (auto: bf16 where it is fast)",
     )
-    p.add_argument("--batch-size", type=int, default=64, help="cells per model forward")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="cells in flight at once (memory); never changes a cell (default 64)",
+    )
+    p.add_argument(
+        "--tokens-per-forward",
+        type=int,
+        metavar="N",
+        help="rows x genes per model forward (default 8192 on CPU, 131072 on CUDA); every "
+        "forward runs on N // genes rows, so cells do not depend on their batch",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cell-type", help="condition every cell on this cell type")
 

@@ -101,6 +101,7 @@ def request_from_args(
         temperature=args.temperature,
         seed=args.seed,
         batch_size=args.batch_size,
+        tokens_per_forward=getattr(args, "tokens_per_forward", None),
     )
 
 

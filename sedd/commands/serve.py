@@ -33,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--max-queued-jobs", type=int)
     p.add_argument("--max-rows-per-forward", type=int)
+    p.add_argument("--tokens-per-forward", type=int)
     p.add_argument("--request-timeout-s", type=float)
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
@@ -48,6 +49,7 @@ _FLAGS = (
     "max_steps",
     "max_queued_jobs",
     "max_rows_per_forward",
+    "tokens_per_forward",
     "request_timeout_s",
     "log_level",
 )

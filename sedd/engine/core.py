@@ -9,20 +9,7 @@ predictor, conditioning and generator (``sedd.engine.rows``). Cell i of a job dr
 (seed, first_cell + i), so its tokens are those of the same cell run alone, up to the fp noise
 of batched matmuls.
 
-* Admission is by rows, strictly FIFO, up to ``max_rows_per_forward`` rows in flight. The head of
-  the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
-  later boundaries, each block on its own step. So a job larger than the cap runs in row chunks
-  and no job is overtaken (none starves).
-* Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
-  cannot share a forward; each kind gets its own forward in the tick.
-* Faults stay with their job. Generator states are saved before each forward, so a failed forward
-  is retried without using up anyone's random stream. Out of memory: the rows are split in halves
-  and retried, and a single job that still runs out alone fails with the error. Any other error
-  (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job is retried
-  alone and only those that fail again fail. A finished job holding a mask or out-of-range token
-  fails (docs/precision.md rule 5). Nothing a job does stops the engine.
-* The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
-  A progress hook's ``Exception`` is logged, never raised; a ``BaseException`` (a kill) is not.
+How it admits rows and keeps faults with their job: the package docstring (``sedd.engine``).
 """
 
 from __future__ import annotations
@@ -62,7 +49,7 @@ from sedd.engine.rows import (
     step_slices,
 )
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler
+from sedd.sampling import Sampler, block_rows_for
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +62,24 @@ class Engine:
     """
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, precision: PrecisionPolicy, **options: Any) -> Engine:
-        """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's."""
+    def for_model(
+        cls,
+        loaded: LoadedModel,
+        precision: PrecisionPolicy,
+        *,
+        tokens_per_forward: int | None = None,
+        **options: Any,
+    ) -> Engine:
+        """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's.
+
+        Every forward runs on fixed blocks of ``block_rows_for(genes, device,
+        tokens_per_forward)`` rows, so a cell does not depend on what it was packed with.
+        """
+        rows = block_rows_for(loaded.config.num_genes, loaded.device, tokens_per_forward)
         sampler = Sampler(
-            loaded.model, loaded.noise, loaded.graph, precision=precision, device=loaded.device
-        )
+            loaded.model, loaded.noise, loaded.graph,
+            precision=precision, device=loaded.device, block_rows=rows,
+        )  # fmt: skip
         return cls(sampler, JobLimits.of_model(loaded), **options)
 
     def __init__(
