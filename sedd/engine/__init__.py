@@ -9,6 +9,12 @@ the in-flight rows of every job into one ``Sampler.step``.
   the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
   later boundaries, each block on its own step. So a job larger than the cap runs in row chunks
   and no job is overtaken (none starves).
+* Every model forward runs on blocks of exactly ``sampler.block_rows`` rows (``Engine.for_model``:
+  ``tokens_per_forward // genes``), the last block padded with copies of its last row. At a fixed
+  shape each kernel (linear, attention, layer norm) computes a row the same way whatever the other
+  rows hold or where the row sits, so a cell's tokens do not depend on its batch size, its packing
+  with other jobs, its shard or the server's load (on one machine, thread count, precision, block
+  size and torch version; ``tests/test_batch_invariance.py``).
 * Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
   cannot share a forward; each kind gets its own forward in the tick.
 * Faults stay with their job. Generator states are saved before each forward, so a failed forward

@@ -6,10 +6,10 @@ This is the only sampling loop in the codebase. The server ticks it on a backgro
 waiting rows join, then one ``Sampler.step`` moves every in-flight row one step on its own job's
 ``time_grid(steps, eps)``, followed by the denoise to s = 0, with per-row t, s, temperature,
 predictor, conditioning and generator (``sedd.engine.rows``). Cell i of a job draws from stream
-(seed, first_cell + i), so its tokens are those of the same cell run alone, up to the fp noise
-of batched matmuls.
+(seed, first_cell + i), and the model runs on fixed row blocks, so its tokens are those of the
+same cell run alone, bit for bit.
 
-How it admits rows and keeps faults with their job: the package docstring (``sedd.engine``).
+Admission, fixed row blocks and faults: the package docstring (``sedd.engine``).
 """
 
 from __future__ import annotations
@@ -54,6 +54,12 @@ from sedd.sampling import Sampler, block_rows_for
 log = logging.getLogger(__name__)
 
 
+def _outcome(err: Exception | None) -> str:
+    """How a job ended, for observers and metrics."""
+    kinds = ((JobCancelled, "cancelled"), (JobTimeout, "timeout"))
+    return "ok" if err is None else next((k for t, k in kinds if isinstance(err, t)), "error")
+
+
 class Engine:
     """Continuous-batching sampler over one score model (see the module docstring).
 
@@ -91,10 +97,10 @@ class Engine:
         max_queued_jobs: int = 64,
         observer: EngineObserver | None = None,
     ) -> None:
-        if max_rows_per_forward < 1:
-            raise ValueError(f"max_rows_per_forward must be >= 1, got {max_rows_per_forward}.")
-        if max_queued_jobs < 1:
-            raise ValueError(f"max_queued_jobs must be >= 1, got {max_queued_jobs}.")
+        for name, value in (("max_rows_per_forward", max_rows_per_forward),
+                            ("max_queued_jobs", max_queued_jobs)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {value}.")
         self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
         self._lock = threading.Lock()
@@ -275,15 +281,7 @@ class Engine:
         st.done = True
         with self._lock:
             self._remove_locked(st)
-        match err:
-            case None:
-                outcome = "ok"
-            case JobCancelled():
-                outcome = "cancelled"
-            case JobTimeout():
-                outcome = "timeout"
-            case _:
-                outcome = "error"
+        outcome = _outcome(err)
         # Observe first: whoever waits on the future must find the job already counted.
         self._observe("on_job_done", st.job, result, outcome)
         try:
@@ -376,12 +374,15 @@ class Engine:
         with self._lock:
             return self._states_locked()
 
-    # ---- state, for health checks ----------------------------------------------------------
-
     @property
     def queued_jobs(self) -> int:
         with self._lock:
             return sum(1 for st in self._waiting if st.admitted == 0)
+
+    @property
+    def queued_rows(self) -> int:  # submitted, not yet admitted
+        with self._lock:
+            return sum(st.job.num_cells - st.admitted for st in self._waiting)
 
     @property
     def active_jobs(self) -> int:

@@ -2,8 +2,8 @@
 
 vLLM's offline ``LLM`` drives the same ``LLMEngine`` its server does; here the Python API, the CLI,
 shard jobs and ``sedd bench`` drive the same ``Engine`` the server runs on its thread. Jobs are
-fed lazily, so a million-cell run holds only the jobs in flight: one job waits in the queue while
-the others run, so rows freed at a step boundary are refilled at once.
+fed lazily, so a million-cell run holds only the jobs in flight: enough rows wait in the queue to
+refill every row freed at a step boundary, and no more.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ def run_jobs(
     on_result: Callable[[int, JobResult], None],
     *,
     on_progress: ProgressHook | None = None,
-    waiting: int = 1,
 ) -> None:
     """Run ``jobs`` in order on ``engine``; ``on_result(k, result)`` sees job k's result.
 
@@ -33,14 +32,12 @@ def run_jobs(
     The first job that fails raises its error here, after the jobs still queued or in flight
     are cancelled.
     """
-    if waiting < 1:
-        raise ValueError(f"`waiting` must be >= 1, got {waiting}.")
     pending: deque[tuple[int, JobHandle]] = deque()
     feed = iter(enumerate(jobs))
     exhausted = False
     try:
         while True:
-            while not exhausted and engine.queued_jobs < waiting:
+            while not exhausted and _room(engine):
                 item = next(feed, None)
                 if item is None:
                     exhausted = True
@@ -63,6 +60,14 @@ def run_job(engine: Engine, job: EngineJob, on_progress: ProgressHook | None = N
     results: list[JobResult] = []
     run_jobs(engine, [job], lambda _, result: results.append(result), on_progress=on_progress)
     return results[0]
+
+
+def _room(engine: Engine) -> bool:
+    """Whether another job should wait in the queue: fewer rows wait than one tick can admit."""
+    return (
+        engine.queued_rows < engine.max_rows_per_forward
+        and engine.queued_jobs < engine.max_queued_jobs
+    )
 
 
 def _any_done(pending: deque[tuple[int, JobHandle]]) -> bool:
