@@ -102,12 +102,12 @@ def test_predict_writes_gene_named_cells_control_first_with_summary_and_metrics(
     assert list(adata.obs["sample_idx"]) == [0, 1, 2] * 3
     assert adata.uns["sedd"]["precision"]["amp_dtype"] == "fp32"
     metrics = json.loads(reference.with_suffix(".metrics.json").read_text())
-    # 2 batches (5 + 4 cells) fit one 128-row forward block: the second joins the first's
-    # forwards one step later, so 3 steps + denoise + 1 forwards, counted as they ran
-    assert metrics["cells"] == 9 and metrics["forwards"] == 4 + 1
+    # 2 batches (5 + 4 cells) fit one 128-row forward block: they run in lockstep, so
+    # 3 steps + denoise = 4 forwards, counted as they ran
+    assert metrics["cells"] == 9 and metrics["forwards"] == 4
     assert metrics["tokens_per_s"] == pytest.approx(metrics["cells_per_s"] * 64)
     assert metrics["cells_per_s"] == pytest.approx(9 / metrics["seconds"])
-    assert metrics["forwards_per_s"] == pytest.approx(5 / metrics["seconds"])
+    assert metrics["forwards_per_s"] == pytest.approx(4 / metrics["seconds"])
     assert metrics["forwards_per_s"] > 0 and metrics["fp32_fallbacks"] == 0
     # on CPU: the process's peak RSS (torch alone is > 50 MiB) and the RSS at the end, at most
     # the peak (give or take the pages the kernel's per-thread RSS counters have not synced)
@@ -226,9 +226,9 @@ def test_killed_shard_resumes_from_finished_batches_to_identical_result(
     _predict_into(model, out_dir, "--num-shards", "1", batch=5)
     entry = json.loads((out_dir / "shards" / "shard-00000-of-00001.json").read_text())
     assert entry["resumed_cells"] == 2 and entry["timings"]["cells_generated"] == 7
-    timings = entry["timings"]  # 7 new cells at batch size 5: 2 batches, one step apart
-    assert timings["forwards"] == 4 + 1
-    assert timings["forwards_per_s"] == pytest.approx(5 / timings["seconds"])
+    timings = entry["timings"]  # 7 new cells at batch size 5: 2 batches in lockstep
+    assert timings["forwards"] == 4
+    assert timings["forwards_per_s"] == pytest.approx(4 / timings["seconds"])
     assert timings["cells_per_s"] == pytest.approx(7 / timings["seconds"])
     assert timings["peak_memory_kind"] == "process_rss"
     assert 0 < timings["current_memory_mib"] <= timings["peak_memory_mib"] + 16
