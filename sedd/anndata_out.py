@@ -11,19 +11,21 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 import torch
+from anndata.io import sparse_dataset, write_elem
 
 from sedd.anndata_io import as_counts, require_unique
+from sedd.files import temporary_name
 
 CountDtype = Literal["int", "float32"]
 
@@ -86,7 +88,7 @@ def write_h5ad_atomic(
     path.parent.mkdir(parents=True, exist_ok=True)
     # a unique name in the same directory (os.replace must not cross filesystems); h5py creates
     # it, so the file gets the usual umask permissions
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = temporary_name(path)
     try:
         adata.write_h5ad(tmp, compression=compression)
         os.replace(tmp, path)
@@ -230,3 +232,60 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
+
+
+class CellWriter:
+    """Cells written to one .h5ad as they come, so a run of any size holds one batch at a time.
+
+    ``X`` is CSR on disk and grows with each ``add`` (anndata's ``sparse_dataset(...).append``);
+    ``finish(obs, uns)`` writes the annotations and renames the temporary file into place, so
+    the path never holds half a file. Use as a context manager: an error removes the temp file.
+    """
+
+    def __init__(
+        self, path: str | Path, genes: Sequence[str], *, count_dtype: CountDtype = "int"
+    ) -> None:
+        self.path = Path(path)
+        self.genes = [str(g) for g in genes]
+        require_unique(self.genes, "genes")
+        self.dtype = np.float32 if count_dtype == "float32" else np.int32
+        self.cells = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temporary_name(self.path)
+        self._file = h5py.File(self._tmp, "w")
+        self._file.attrs["encoding-type"] = "anndata"
+        self._file.attrs["encoding-version"] = "0.1.0"
+        write_elem(self._file, "var", pd.DataFrame(index=pd.Index(self.genes, dtype=object)))
+
+    def __enter__(self) -> CellWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is not None:
+            self.abort()
+
+    def add(self, counts: np.ndarray | sp.spmatrix | sp.sparray | torch.Tensor) -> None:
+        """Append (B, G) counts (dense or sparse, non-negative integers)."""
+        matrix = _count_matrix_for_writing(counts, n_genes=len(self.genes))
+        csr = sp.csr_matrix(matrix, dtype=self.dtype)
+        if "X" not in self._file:
+            write_elem(self._file, "X", csr, dataset_kwargs={"compression": "gzip"})
+        else:
+            sparse_dataset(self._file["X"]).append(csr)
+        self.cells += csr.shape[0]
+
+    def finish(self, obs: pd.DataFrame | Mapping[str, Any], uns: Mapping[str, Any]) -> Path:
+        """Write ``obs`` (one row per cell added) and ``uns``, close and rename into place."""
+        if "X" not in self._file:
+            self.add(sp.csr_matrix((0, len(self.genes)), dtype=self.dtype))
+        write_elem(self._file, "obs", _obs_frame(obs, n_cells=self.cells))
+        write_elem(self._file, "uns", _writable_uns(dict(uns)))
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the temporary file (nothing at ``path`` changes)."""
+        if self._file.id.valid:
+            self._file.close()
+        self._tmp.unlink(missing_ok=True)

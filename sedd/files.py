@@ -38,9 +38,14 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def temporary_name(path: Path) -> Path:
+    """A unique hidden name in ``path``'s directory (``os.replace`` must not cross filesystems)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
 @contextlib.contextmanager
 def temporary_beside(path: Path) -> Iterator[Path]:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp = temporary_name(path)
     try:
         yield tmp
     finally:

@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anndata
-import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from sedd.anndata_out import write_cells_h5ad
+from sedd.anndata_out import CellWriter
 from sedd.batch.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
@@ -27,6 +26,8 @@ from sedd.batch.manifest import (
 )
 from sedd.batch.shards import Shard, shard_range
 from sedd.files import sha256_file, write_json_atomic
+
+_CHUNK_CELLS = 16384  # cells copied at a time
 
 
 class MergeError(ShardOutputError):
@@ -104,31 +105,12 @@ def merge_shards(
     identity = request["identity"]
     n, num_cells = int(identity["num_shards"]), int(identity["cells"])
 
-    blocks, frames, genes, first_uns = [], [], None, None
-    for k, entry in enumerate(entries):
-        adata = anndata.read_h5ad(ShardPaths(out_dir, Shard(k, n)).h5ad)
-        if adata.n_obs != entry["cells"]:
-            raise MergeError(
-                f"shard {k}'s h5ad holds {adata.n_obs} cells, its entry says {entry['cells']}."
-            )
-        names = [str(g) for g in adata.var_names]
-        if genes is None:
-            genes, first_uns = names, dict(adata.uns.get("sedd", {}))
-        elif names != genes:
-            raise MergeError(f"shard {k} has other genes than shard 0; rerun shard {k}.")
-        blocks.append(sp.csr_matrix(adata.X))
-        if adata.n_obs:  # empty shards (more shards than cells) add no rows
-            frames.append(adata.obs)
-    obs = pd.concat(frames)
-    duplicated = obs.index[obs.index.duplicated()].unique().tolist()
-    if duplicated:
-        raise MergeError(f"cells appear in more than one shard: {duplicated[:5]}.")
-    if len(obs) != num_cells:
-        raise MergeError(f"the shards hold {len(obs)} cells, the request has {num_cells}.")
-    counts = sp.vstack(blocks, format="csr") if blocks else np.zeros((0, len(genes or [])))
-
+    paths = [ShardPaths(out_dir, Shard(k, n)).h5ad for k in range(n)]
+    shard0 = anndata.read_h5ad(paths[0], backed="r")
+    genes, first_uns = [str(g) for g in shard0.var_names], dict(shard0.uns.get("sedd", {}))
+    shard0.file.close()
     summary = _summary(out, entries, request)
-    uns_record = {key: value for key, value in (first_uns or {}).items() if key != "shard"}
+    uns_record = {key: value for key, value in first_uns.items() if key != "shard"}
     uns_record["timings"] = summary["timings"]
     uns_record["merged_from"] = {
         "out_dir": str(out_dir),
@@ -136,9 +118,37 @@ def merge_shards(
         "identity_sha256": request["identity_sha256"],
         "shard_sha256": [e["h5ad_sha256"] for e in entries],
     }
-    write_cells_h5ad(out, counts, genes or [], obs, {"sedd": uns_record}, count_dtype=count_dtype)
+    with CellWriter(out, genes, count_dtype=count_dtype) as writer:
+        frames = [_copy_shard(k, path, entries[k], genes, writer) for k, path in enumerate(paths)]
+        obs = pd.concat([f for f in frames if len(f)] or frames[:1])  # empty shards add no rows
+        duplicated = obs.index[obs.index.duplicated()].unique().tolist()
+        if duplicated:
+            raise MergeError(f"cells appear in more than one shard: {duplicated[:5]}.")
+        if len(obs) != num_cells:
+            raise MergeError(f"the shards hold {len(obs)} cells, the request has {num_cells}.")
+        writer.finish(obs, {"sedd": uns_record})
     write_json_atomic(out.with_suffix(".metrics.json"), summary)
     return summary
+
+
+def _copy_shard(
+    k: int, path: Path, entry: dict[str, Any], genes: list[str], writer: CellWriter
+) -> pd.DataFrame:
+    """Append shard ``k``'s cells to ``writer`` in row chunks (never the whole shard in memory);
+    return its obs."""
+    adata = anndata.read_h5ad(path, backed="r")
+    try:
+        if adata.n_obs != entry["cells"]:
+            raise MergeError(
+                f"shard {k}'s h5ad holds {adata.n_obs} cells, its entry says {entry['cells']}."
+            )
+        if [str(g) for g in adata.var_names] != genes:
+            raise MergeError(f"shard {k} has other genes than shard 0; rerun shard {k}.")
+        for lo in range(0, adata.n_obs, _CHUNK_CELLS):
+            writer.add(sp.csr_matrix(adata.X[lo : lo + _CHUNK_CELLS]))
+        return adata.obs.copy()
+    finally:
+        adata.file.close()
 
 
 def _summary(out: Path, entries: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:

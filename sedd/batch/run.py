@@ -32,7 +32,7 @@ from sedd.sampling import block_rows_for
 
 @dataclass
 class GenerationResult:
-    counts: np.ndarray  # (N, G) int64
+    counts: np.ndarray | None  # (N, G) int64; None when the run streamed its batches away
     genes: list[str]
     obs: pd.DataFrame
     stats: dict[str, object] = field(default_factory=dict)
@@ -46,12 +46,14 @@ def generate(
     cell_range: range | None = None,
     on_progress: ProgressHook | None = None,
     on_batch: Callable[[range, np.ndarray], None] | None = None,
+    keep_counts: bool = True,
 ) -> GenerationResult:
     """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding).
 
     ``on_progress`` is called after every engine step with the batch's ``JobProgress``;
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
-    e.g. to save it before the next one finishes.
+    e.g. to save it before the next one finishes. ``keep_counts=False`` keeps no batch after
+    ``on_batch`` (a run of any size then holds a few batches at a time; ``counts`` is None).
     """
     request.validate()
     plan = cell_plan(loaded, request)
@@ -83,14 +85,18 @@ def generate(
         fallbacks += result.fp32_fallbacks
         if on_batch is not None:
             on_batch(batches[index], counts)
-        parts.append(counts)
+        if keep_counts:
+            parts.append(counts)
 
     with monitor:
         run_jobs(engine, jobs(), finished, on_progress=on_progress)
         stats = run_stats(monitor.snapshot(), fallbacks)
     counts = np.concatenate(parts) if parts else np.zeros((0, num_genes), dtype=np.int64)
     return GenerationResult(
-        counts, list(loaded.config.genes), plan.iloc[cells.start : cells.stop], stats
+        counts if keep_counts else None,
+        list(loaded.config.genes),
+        plan.iloc[cells.start : cells.stop],
+        stats,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.anndata_out import write_cells_h5ad
+from sedd.anndata_out import CellWriter
 from sedd.batch.manifest import (
     ShardOutputError,
     ShardPaths,
@@ -62,8 +62,8 @@ class ShardJob:
     cells: range  # the shard's global cell numbers
     identity_sha256: str
     done_entry: dict[str, Any] | None  # the entry, when the shard is already complete
-    # first cell -> (n, G) counts; sparse: most counts are 0, and a shard may be large
-    parts: dict[int, sp.csr_matrix] = field(default_factory=dict)
+    # first cell -> cells of each finished batch on disk (the counts stay there, not in memory)
+    parts: dict[int, int] = field(default_factory=dict)
 
     @property
     def parts_dir(self) -> Path:
@@ -71,7 +71,7 @@ class ShardJob:
 
     @property
     def resumed_cells(self) -> int:
-        return sum(counts.shape[0] for counts in self.parts.values())
+        return sum(self.parts.values())
 
     def gaps(self) -> list[range]:
         """The cell ranges no part covers yet, in order."""
@@ -79,7 +79,7 @@ class ShardJob:
         for start in sorted(self.parts):
             if start > position:
                 missing.append(range(position, start))
-            position = start + self.parts[start].shape[0]
+            position = start + self.parts[start]
         if position < self.cells.stop:
             missing.append(range(position, self.cells.stop))
         return missing
@@ -101,17 +101,8 @@ class ShardJob:
             ).stats
             for gap in self.gaps()
         ]  # fmt: skip
-        counts = self._assembled_counts()
         stats = self._shard_stats(runs, resumed)
-        plan = cell_plan(self.loaded, self.request)
-        uns = shard_provenance(self, stats)
-        write_cells_h5ad(
-            self.paths.h5ad,
-            counts,
-            self.loaded.config.genes,
-            plan.iloc[self.cells.start : self.cells.stop],
-            uns,
-        )
+        self._write_h5ad(shard_provenance(self, stats))
         entry = shard_entry(
             shard=self.shard,
             cells=self.cells,
@@ -167,15 +158,21 @@ class ShardJob:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        self.parts[cells.start] = part
+        self.parts[cells.start] = len(cells)
 
-    def _assembled_counts(self) -> sp.csr_matrix:
-        blocks = [self.parts[start] for start in sorted(self.parts)]
-        num_genes = self.loaded.config.num_genes
-        counts = sp.vstack(blocks, format="csr") if blocks else sp.csr_matrix((0, num_genes))
-        if counts.shape[0] != len(self.cells):  # a bug, not a user error: parts tile the shard
-            raise RuntimeError(f"parts hold {counts.shape[0]} cells, shard has {len(self.cells)}.")
-        return counts
+    def _part_path(self, start: int) -> Path:
+        stop = start + self.parts[start]
+        return self.parts_dir / f"cells-{start:012d}-{stop:012d}.npz"
+
+    def _write_h5ad(self, uns: dict[str, Any]) -> None:
+        """The shard's h5ad, assembled on disk from its parts one at a time."""
+        if sum(self.parts.values()) != len(self.cells):  # a bug, not a user error
+            raise RuntimeError(f"parts hold {sum(self.parts.values())} cells of {len(self.cells)}.")
+        with CellWriter(self.paths.h5ad, self.loaded.config.genes) as writer:
+            for start in sorted(self.parts):
+                writer.add(sp.load_npz(self._part_path(start)))
+            plan = cell_plan(self.loaded, self.request)
+            writer.finish(plan.iloc[self.cells.start : self.cells.stop], uns)
 
 
 def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +266,7 @@ def _load_parts(job: ShardJob) -> None:
             path.unlink(missing_ok=True)
             continue
         covered[lo:hi] = True
-        job.parts[start] = counts
+        job.parts[start] = stop - start
 
 
 def _note(message: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from sedd.anndata_out import write_cells_h5ad
+from sedd.anndata_out import CellWriter
 from sedd.batch.requests import GenerationRequest, cell_plan
 from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.batch.shard_job import prepare_shard
@@ -116,10 +116,13 @@ def write_one_file(
     request.validate()
     precision = resolve_precision_noting(precision_name, loaded.device)
     num_cells = len(cell_plan(loaded, request))
-    with progress_bar(num_cells, request.steps, "sampling") as on_progress:
-        result = generate(loaded, request, precision, on_progress=on_progress)
-    uns = run_provenance(loaded, request, precision, result.stats)
-    write_cells_h5ad(out, result.counts, result.genes, result.obs, uns, count_dtype=counts_dtype)
+    writer = CellWriter(out, loaded.config.genes, count_dtype=counts_dtype)
+    with writer, progress_bar(num_cells, request.steps, "sampling") as on_progress:
+        result = generate(
+            loaded, request, precision, on_progress=on_progress,
+            on_batch=lambda _, counts: writer.add(counts), keep_counts=False,
+        )  # fmt: skip
+        writer.finish(result.obs, run_provenance(loaded, request, precision, result.stats))
     return finish(out, result.stats, precision, num_genes=len(result.genes))
 
 
