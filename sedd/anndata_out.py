@@ -234,6 +234,9 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+_FLUSH_NNZ = 1 << 22  # counts buffered before one append (32 MiB of int32 data + indices)
+
+
 class CellWriter:
     """Cells written to one .h5ad as they come, so a run of any size holds one batch at a time.
 
@@ -250,6 +253,8 @@ class CellWriter:
         require_unique(self.genes, "genes")
         self.dtype = np.float32 if count_dtype == "float32" else np.int32
         self.cells = 0
+        self._buffer: list[sp.csr_matrix] = []  # batches not yet written (at most _FLUSH_NNZ)
+        self._buffered_nnz = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = temporary_name(self.path)
         self._file = h5py.File(self._tmp, "w")
@@ -268,16 +273,33 @@ class CellWriter:
         """Append (B, G) counts (dense or sparse, non-negative integers)."""
         matrix = _count_matrix_for_writing(counts, n_genes=len(self.genes))
         csr = sp.csr_matrix(matrix, dtype=self.dtype)
-        if "X" not in self._file:
-            write_elem(self._file, "X", csr, dataset_kwargs={"compression": "gzip"})
-        else:
-            sparse_dataset(self._file["X"]).append(csr)
+        self._buffer.append(csr)
+        self._buffered_nnz += csr.nnz
         self.cells += csr.shape[0]
+        if self._buffered_nnz >= _FLUSH_NNZ:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the buffered batches as one append: appends to a compressed dataset rewrite
+        its last chunk, so many small ones would cost time that grows with the file."""
+        if not self._buffer and "X" in self._file:
+            return
+        csr = sp.vstack(self._buffer, format="csr", dtype=self.dtype) if self._buffer else (
+            sp.csr_matrix((0, len(self.genes)), dtype=self.dtype)
+        )
+        self._buffer, self._buffered_nnz = [], 0
+        if "X" in self._file:
+            sparse_dataset(self._file["X"]).append(csr)
+            return
+        write_elem(self._file, "X", csr, dataset_kwargs={"compression": "gzip"})
+        group = self._file["X"]  # a 64-bit indptr: a million cells can hold > 2**31 counts
+        indptr = group["indptr"][...].astype(np.int64)
+        del group["indptr"]
+        group.create_dataset("indptr", data=indptr, maxshape=(None,), chunks=True)
 
     def finish(self, obs: pd.DataFrame | Mapping[str, Any], uns: Mapping[str, Any]) -> Path:
         """Write ``obs`` (one row per cell added) and ``uns``, close and rename into place."""
-        if "X" not in self._file:
-            self.add(sp.csr_matrix((0, len(self.genes)), dtype=self.dtype))
+        self._flush()
         write_elem(self._file, "obs", _obs_frame(obs, n_cells=self.cells))
         write_elem(self._file, "uns", _writable_uns(dict(uns)))
         self._file.close()
