@@ -234,7 +234,7 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-_FLUSH_NNZ = 1 << 22  # counts buffered before one append (32 MiB of int32 data + indices)
+_FLUSH_NNZ = 1 << 19  # counts buffered before one append (4 MiB of int32 data + indices)
 
 
 class CellWriter:

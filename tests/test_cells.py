@@ -312,3 +312,34 @@ def test_write_cells_h5ad_float32_keeps_the_integer_values(tmp_path: Path) -> No
     matrix = back.X.toarray() if sp.issparse(back.X) else back.X
     assert matrix.dtype == np.float32
     np.testing.assert_array_equal(matrix, counts)
+
+
+def test_cell_writer_appends_batches_on_disk_and_reads_back_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sedd.anndata_out as out
+
+    monkeypatch.setattr(out, "_FLUSH_NNZ", 7)  # an append every batch or two
+    rng = np.random.default_rng(0)
+    batches = [rng.integers(0, 4, size=(n, 5)) * (rng.random((n, 5)) < 0.5) for n in (3, 1, 4, 2)]
+    path = tmp_path / "cells.h5ad"
+    with out.CellWriter(path, [f"g{i}" for i in range(5)]) as writer:
+        for batch in batches:
+            writer.add(batch if len(batch) % 2 else sp.csr_matrix(batch))
+        assert not path.exists()  # only the temp file until finish
+        writer.finish({"label": ["a"] * 10}, {"sedd": {"seed": 3}})
+    adata = anndata.read_h5ad(path)
+    np.testing.assert_array_equal(adata.X.toarray(), np.concatenate(batches))
+    assert adata.X.dtype == np.int32 and adata.X.indptr.dtype == np.int64
+    assert list(adata.var_names) == [f"g{i}" for i in range(5)]
+    assert list(adata.obs["label"]) == ["a"] * 10 and adata.uns["sedd"]["seed"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["cells.h5ad"]  # no temp file left
+
+
+def test_cell_writer_leaves_nothing_behind_on_error(tmp_path: Path) -> None:
+    import sedd.anndata_out as out
+
+    path = tmp_path / "cells.h5ad"
+    with pytest.raises(ValueError, match="counts must be"), out.CellWriter(path, ["a", "b"]) as w:
+        w.add(np.ones((2, 3), dtype=np.int64))  # 3 genes for a 2-gene writer
+    assert list(tmp_path.iterdir()) == []
