@@ -10,7 +10,7 @@
 #   TEMPERATURE      sampling temperature                                       (default 1.0)
 #   SEED             cell i draws from the random stream (SEED, i)              (default 0)
 #   PRECISION        auto | bf16 | fp16 | fp32 (auto = bf16 where fast)         (default auto)
-#   BATCH_SIZE       cells per model forward                                    (default 64)
+#   BATCH_SIZE       cells in flight (never changes a cell)                     (default 64)
 #   OUTPUT_DIR       shards + merged file                 (default $EXPERIMENT_DIR/inference)
 #   MERGED_FILE      merged h5ad                 (default $OUTPUT_DIR/generated_cells.h5ad)
 #   NUM_SHARDS, SHARD_INDEX, SUBMIT_MERGE, SEDD: see scripts/sharded_run.sh

@@ -46,7 +46,7 @@ def _common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=42, help="cell i draws from stream (seed, i)")
     p.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16")
-    p.add_argument("--batch_size", type=int, default=64, help="cells per model forward")
+    p.add_argument("--batch_size", type=int, default=64, help="cells in flight; never changes one")
     p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
