@@ -53,9 +53,11 @@ class StepOutput:
     fp32_fallback_rows: tuple[int, ...] = ()  # rows whose score was recomputed in fp32
 
 
-# Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On a
-# 2-core CPU a 765-gene row costs least at about 8 rows a forward; on a GPU larger blocks fill it.
-DEFAULT_TOKENS_PER_FORWARD = {"cpu": 8192, "cuda": 131072}
+# Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
+# a 765-gene row costs the same at 1 to 10 rows a forward (33-35 ms in fp32), so the block is one
+# such row and a one-cell request pays for no padding; small models still get several rows. On
+# a GPU the cost of a forward is mostly fixed, and larger blocks fill it.
+DEFAULT_TOKENS_PER_FORWARD = {"cpu": 1024, "cuda": 131072}
 
 
 def block_rows_for(

@@ -33,7 +33,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         "--tokens-per-forward",
         type=int,
         metavar="N",
-        help="rows x genes per model forward (default 8192 on CPU, 131072 on CUDA); every "
+        help="rows x genes per model forward (default 1024 on CPU, 131072 on CUDA); every "
         "forward runs on N // genes rows, so cells do not depend on their batch",
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
