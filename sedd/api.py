@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -145,17 +146,8 @@ class Model:
         names = [condition] if isinstance(condition, str) else condition
         if names is None and self.loaded.config.num_perturbations:
             names = self.conditions
-        request = GenerationRequest(
-            cells_per_condition=num_cells,
-            conditions=tuple(names) if names else None,
-            cell_type=cell_type,
-            steps=steps,
-            sampler=sampler,
-            temperature=temperature,
-            seed=seed,
-            batch_size=batch_size,
-        )
-        return self._run(request, progress)
+        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        return self._run(self._request(num_cells, names, cell_type, sampling), progress)
 
     def predict(
         self,
@@ -179,16 +171,8 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        request = GenerationRequest(
-            cells_per_condition=cells_per_perturbation,
-            conditions=tuple(conditions),
-            cell_type=cell_type,
-            steps=steps,
-            sampler=sampler,
-            temperature=temperature,
-            seed=seed,
-            batch_size=batch_size,
-        )
+        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress)
 
     def impute(
@@ -223,16 +207,10 @@ class Model:
                 UserWarning,
                 stacklevel=2,
             )
-        request = GenerationRequest(
-            cells_per_condition=given.imputation.num_cells,
-            conditions=self._one_condition(condition),
-            cell_type=cell_type,
-            steps=steps,
-            sampler=sampler,
-            temperature=temperature,
-            seed=seed,
-            batch_size=batch_size,
-            imputation=given.imputation,
+        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        conditions = self._one_condition(condition)
+        request = self._request(
+            given.imputation.num_cells, conditions, cell_type, sampling, given.imputation
         )
         out = self._run(request, progress)
         out.obs_names = given.obs_names
@@ -257,8 +235,25 @@ class Model:
             )
         return (name,)
 
+    def _request(
+        self,
+        cells_per_condition: int,
+        conditions: Sequence[str] | None,
+        cell_type: str | None,
+        sampling: _Sampling,
+        imputation: Imputation | None = None,
+    ) -> GenerationRequest:
+        """The library's one request type, with this model's forward block."""
+        return GenerationRequest(
+            cells_per_condition=cells_per_condition,
+            conditions=tuple(conditions) if conditions else None,
+            cell_type=cell_type,
+            **dataclasses.asdict(sampling),
+            tokens_per_forward=self.tokens_per_forward,
+            imputation=imputation,
+        )
+
     def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
-        request = dataclasses.replace(request, tokens_per_forward=self.tokens_per_forward)
         request.validate()
         if not progress:
             result = generate(self.loaded, request, self.policy)
@@ -268,6 +263,17 @@ class Model:
                 result = generate(self.loaded, request, self.policy, on_progress=on_progress)
         uns = run_provenance(self.loaded, request, self.policy, result.stats)
         return cells_anndata(result.counts, result.genes, result.obs, uns)
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    """The sampling settings every ``Model`` method takes."""
+
+    steps: int
+    sampler: Predictor
+    temperature: float
+    seed: int
+    batch_size: int
 
 
 def _observed(imputation: Imputation, genes: list[str]) -> list[bool]:
