@@ -113,7 +113,7 @@ class _RowInputs:
     labels: torch.Tensor | None
     cell_types: torch.Tensor | None
 
-    def rows(self, index: torch.Tensor) -> _RowInputs:
+    def rows(self, index: torch.Tensor | slice) -> _RowInputs:
         def take(value: torch.Tensor | None) -> torch.Tensor | None:
             return None if value is None else value[index]
 
@@ -217,9 +217,11 @@ class PrecisionPolicy:
         parts = []
         for lo in range(0, total, size):
             hi = min(lo + size, total)
-            # (size,) row indices: the block's rows, then its last row again as padding
-            index = torch.arange(lo, lo + size, device=inputs.x.device).clamp_max(hi - 1)
-            block = inputs.rows(index)
+            if hi - lo == size:  # a full block: a view, no copy
+                block = inputs.rows(slice(lo, hi))
+            else:  # the block's rows, then its last row again as padding
+                index = torch.arange(lo, lo + size, device=inputs.x.device).clamp_max(hi - 1)
+                block = inputs.rows(index)
             region = self.autocast() if amp else torch.autocast(self.device.type, enabled=False)
             with torch.inference_mode(), region:
                 raw = model(block.x, block.sigma, labels=block.labels, cell_types=block.cell_types)
