@@ -26,7 +26,7 @@ from sedd.anndata_io import read_counts
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
-from sedd.commands.checkpoints import DEFAULT_MODEL
+from sedd.paths import DEFAULT_MODEL
 from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,

@@ -1,11 +1,20 @@
-"""The ``sedd`` command line: a thin dispatcher over ``sedd.commands``."""
+"""The ``sedd`` command line: a thin dispatcher over ``sedd.commands``.
+
+Building the parser imports no torch (each command imports its work when it runs), so
+``sedd --help`` and ``sedd COMMAND --help`` answer at once. Expected faults end in one line on
+stderr and a stable exit code (``EXIT_CODES``); ``--debug`` or ``SEDD_DEBUG=1`` shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 
 # Sub-command modules, each with ``register(subparsers)`` that sets ``func`` on its parser.
 _COMMAND_MODULES = (
@@ -21,24 +30,109 @@ _COMMAND_MODULES = (
     "precision_report",
 )
 
+# Exit codes of expected faults (documented in the README): argparse itself exits 2 on usage.
+EXIT_INPUT = 2  # a value, file content, checkpoint or config that cannot be used
+EXIT_OS = 3  # the operating system refused: missing path, permissions, not a directory, disk full
+EXIT_MEMORY = 4  # out of host or accelerator memory
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {"input": EXIT_INPUT, "os": EXIT_OS, "memory": EXIT_MEMORY}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _package_version() -> str:
+    try:
+        return version("sedd")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and each command's own parser (by name)."""
     parser = argparse.ArgumentParser(
         prog="sedd", description="Score-entropy discrete diffusion for single cells."
+    )
+    parser.add_argument("--version", action="version", version=f"sedd {_package_version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error (or SEDD_DEBUG=1)"
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"sedd.commands.{name}").register(subparsers)
-    return parser
+    return parser, dict(subparsers.choices)
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+
+
+def _normalise_underscores(argv: list[str], known: set[str]) -> list[str]:
+    """st3 spells flags with underscores (``--num_steps``): accept ``--a_b`` for every ``--a-b``."""
+    out = []
+    for token in argv:
+        flag, eq, value = token.partition("=")
+        dashed = flag.replace("_", "-")
+        if flag.startswith("--") and flag not in known and dashed in known:
+            token = dashed + eq + value
+        out.append(token)
+    return out
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser, commands = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if a in commands), None)
+    if command is not None:
+        argv = _normalise_underscores(argv, set(_options(commands[command])))
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the command's own usage, with the closest flag it has
+        sub = commands[args.command]
+        hints = []
+        for extra in extras:
+            close = difflib.get_close_matches(extra.partition("=")[0], _options(sub), n=1)
+            if extra.startswith("-") and close:
+                hints.append(f"{extra}: did you mean {close[0]}?")
+        sub.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints))
+    return args
+
+
+def _fault(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, one line) for an expected fault; None for anything else (a bug)."""
+    import torch  # only after a command ran, so `--help` stays light
+
+    match exc:
+        case torch.OutOfMemoryError() | MemoryError():
+            return EXIT_MEMORY, f"out of memory ({exc}); use a smaller --batch-size"
+        case OSError() if exc.errno is None:  # ours (a missing model, ...): says what to do
+            return EXIT_INPUT, str(exc)
+        case OSError() if exc.filename is not None:
+            what = exc.strerror or str(exc)
+            return EXIT_OS, f"{exc.filename}: {what}; check the path and its permissions"
+        case OSError():
+            return EXIT_OS, f"{exc}; check the path, its permissions and free disk space"
+        case ValueError() | LookupError():
+            return EXIT_INPUT, str(exc)
+        case RecursionError():
+            return EXIT_INPUT, "the input is nested too deeply to read; check the files given"
+        case _:
+            return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
+    debug = args.debug or os.environ.get("SEDD_DEBUG", "") not in ("", "0")
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"sedd {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"sedd {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if debug:
+            raise
+        code, line = _fault(exc) or (
+            1,
+            f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+        )
+        print(f"sedd {args.command}: error: {' '.join(line.split())}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
-from sedd.commands.checkpoints import DEFAULT_MODEL
+from sedd.paths import DEFAULT_MODEL
 from sedd.precision import resolve_precision
 
 pytest.importorskip("cell_eval")

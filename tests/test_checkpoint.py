@@ -34,7 +34,8 @@ from sedd.checkpoints import (
     save_native,
 )
 from sedd.cli import main
-from sedd.commands import checkpoints as checkpoint_commands
+from sedd.commands import args as command_args
+from sedd.commands import loading
 from sedd.config import SCHEMA_VERSION, ModelConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
@@ -380,11 +381,11 @@ def test_model_arguments_default_to_the_bundled_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parser = argparse.ArgumentParser()
-    checkpoint_commands.add_model_arguments(parser)
-    monkeypatch.setattr(checkpoint_commands, "DEFAULT_MODEL", tmp_path / "pbmc_default")
+    command_args.add_model_arguments(parser)
+    missing = tmp_path / "pbmc_default"
     with pytest.raises(CheckpointNotFoundError, match=r"bundled default model at .* pass --model"):
-        checkpoint_commands.load_from_args(parser.parse_args([]))
+        loading.load_from_args(parser.parse_args([]), default=missing)
     args = parser.parse_args(
         ["--experiment-dir", str(ST3 / "tiny_pert"), "--checkpoint", "final.pt"]
     )
-    assert checkpoint_commands.load_from_args(args).config.num_perturbations == 5
+    assert loading.load_from_args(args, default=missing).config.num_perturbations == 5

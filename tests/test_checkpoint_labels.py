@@ -52,10 +52,10 @@ def test_st3_labels_come_from_the_experiment_side_files(tmp_path: Path) -> None:
 
 
 def test_checkpoint_with_optimizer_state_loads_and_warns_about_unnamed_labels() -> None:
-    with pytest.warns(UserWarning, match=r"no perturbation names .*--perturbations FILE"):
+    with pytest.warns(UserWarning, match=r"no perturbation names .*--perturbation-map FILE"):
         loaded = load_checkpoint(ST3 / "tiny_pert_2steps")
     assert loaded.config.provenance.step == 2 and loaded.config.perturbations is None
-    with pytest.raises(UnknownLabelError, match=r"has no perturbation names.*--perturbations"):
+    with pytest.raises(UnknownLabelError, match=r"has no perturbation names.*--perturbation-map"):
         loaded.label_index("GENE_A")
 
 

@@ -117,6 +117,10 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is not valid JSON ({err}); fix or replace it.") from None
+    except RecursionError:
+        raise CheckpointError(
+            f"{path} is nested too deeply to be a config; fix or replace it."
+        ) from None
 
 
 def strip_wrapper_prefixes(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

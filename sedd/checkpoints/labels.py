@@ -189,7 +189,7 @@ def with_label_files(
     if (perturbations is not None or vectors is not None) and not config.num_perturbations:
         raise CheckpointError(
             f"{parts.weights_file} holds an unconditional model; it takes no perturbation "
-            "labels, so leave out --perturbations / --vectors."
+            "labels, so leave out --perturbation-map / --vectors."
         )
     if vectors is not None:
         if not vector_dim:
@@ -212,7 +212,7 @@ def with_label_files(
     if config.num_perturbations and not names and not vector_names and warn_positional:
         notes.append(
             f"no perturbation names for {parts.weights_file}: labels can be given only by "
-            "index. Pass --perturbations FILE (JSON {name: index}, or one name a line)."
+            "index. Pass --perturbation-map FILE (JSON {name: index}, or one name a line)."
         )
     new_config = ModelConfig.model_validate(config.model_copy(update=update).model_dump())
     return dataclasses.replace(parts, config=new_config, vectors=new_vectors, notes=notes)

@@ -33,16 +33,16 @@ from sedd.checkpoints.loaded import (
     WEIGHTS_FILE,
     Layout,
     LoadedModel,
-    build_model,
-    load_state_strict,
+    build_checked_model,
     problems,
 )
 from sedd.checkpoints.native import load_native
 from sedd.graph import graph_from_config
 from sedd.noise import noise_from_config
+from sedd.paths import DEFAULT_MODEL
 
-# The model served and sampled when no path is given: the bundled PBMC model, in the repository.
-DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "pbmc_default"
+__all__ = ["DEFAULT_MODEL", "detect_layout", "load_checkpoint"]
+
 
 _EXPECTED_LAYOUTS = (
     "a native model directory (config.json with schema_version + model.safetensors), "
@@ -50,7 +50,6 @@ _EXPECTED_LAYOUTS = (
     "a reference SEDD model directory (config.json + model.safetensors or pytorch_model.bin), "
     "or a reference SEDD training run (.hydra/config.yaml + checkpoints-meta/checkpoint.pth)"
 )
-
 
 
 def _dir_layout(path: Path) -> Layout | None:
@@ -139,11 +138,7 @@ def load_checkpoint(
     for note in parts.notes:
         warnings.warn(note, UserWarning, stacklevel=2)
 
-    try:
-        model = build_model(parts.config)
-    except ValueError as err:
-        raise CheckpointError(f"{parts.described_by} describes an invalid model: {err}") from None
-    load_state_strict(model, parts.state, parts)
+    model = build_checked_model(parts)
     model = model.to(device=device, dtype=torch.float32).eval()
     vecs = parts.vectors
     return LoadedModel(

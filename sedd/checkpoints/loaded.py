@@ -77,7 +77,7 @@ class LoadedModel:
         names = self.config.perturbations or []
         if name in names:
             return names.index(name)
-        hint = "Pass the training label mapping with --perturbations FILE."
+        hint = "Pass the training label mapping with --perturbation-map FILE."
         raise UnknownLabelError(name, "perturbation", names, hint)
 
     def cell_type_index(self, name: str) -> int:
@@ -120,10 +120,10 @@ def _listing(keys: Sequence[str], limit: int = 12) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def load_state_strict(model: nn.Module, state: Mapping[str, Any], parts: SourceParts) -> None:
-    """Copy ``state`` into ``model``; every key must match by name and shape."""
+def check_state(expected: Mapping[str, Any], state: Mapping[str, Any], parts: SourceParts) -> None:
+    """Every key of ``expected`` (name -> tensor, e.g. a meta-device model's state dict) must be
+    in ``state`` with the same shape, and nothing else; every weight must be finite."""
     file = parts.weights_file
-    expected = model.state_dict()
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
@@ -149,7 +149,29 @@ def load_state_strict(model: nn.Module, state: Mapping[str, Any], parts: SourceP
                 f"{parts.described_by}), found {tuple(value.shape)}. Make {parts.described_by} "
                 "describe this checkpoint, or pick the checkpoint it describes."
             )
-    model.load_state_dict(state, strict=True)  # copies (and casts) into the fp32 parameters
+    bad = [k for k in expected if state[k].is_floating_point() and not state[k].isfinite().all()]
+    if bad:
+        raise CheckpointError(
+            f"{file}: non-finite weights (NaN or Inf) in {_listing(bad)}; the checkpoint is "
+            "corrupt or diverged in training. Pick an earlier checkpoint."
+        )
+
+
+def build_checked_model(parts: SourceParts) -> nn.Module:
+    """The network ``parts.config`` describes, holding ``parts.state``.
+
+    The shapes are checked on a meta-device model first, so a config with huge dimensions is
+    refused before anything is allocated.
+    """
+    try:
+        with torch.device("meta"):
+            skeleton = build_model(parts.config)
+    except ValueError as err:
+        raise CheckpointError(f"{parts.described_by} describes an invalid model: {err}") from None
+    check_state(skeleton.state_dict(), parts.state, parts)
+    model = build_model(parts.config)
+    model.load_state_dict(parts.state, strict=True)  # copies (and casts) into fp32 parameters
+    return model
 
 
 def build_model(config: ModelConfig) -> nn.Module:

@@ -190,7 +190,8 @@ def _ema_state(
 ) -> dict[str, torch.Tensor]:
     """The raw state with every parameter replaced by its EMA shadow (buffers stay raw)."""
     try:
-        model = build_model(config)
+        with torch.device("meta"):  # names only: nothing is allocated
+            model = build_model(config)
     except ValueError as err:
         raise CheckpointError(f"{file}: its config describes an invalid model: {err}") from None
     if set(raw) != set(model.state_dict()):

@@ -6,12 +6,10 @@ import argparse
 import itertools
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.console import Console
-from rich.table import Table
-
-from sedd.bench import BenchCase, environment, run_case
+if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
+    from rich.table import Table
 
 
 def _shape(text: str) -> tuple[int, int, int]:
@@ -38,10 +36,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[(128, 4, 4), (256, 8, 8)],
         help="model shapes HIDDEN/LAYERS/HEADS (default: 128/4/4 256/8/8)",
     )
-    p.add_argument("--num-genes", type=int, nargs="+", default=None,
-                   help="genes per cell (default: 1000 on CPU, 8563 on CUDA)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                   help="cells per batch (default: 8 on CPU, 64 on CUDA)")
+    p.add_argument(
+        "--num-genes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="genes per cell (default: 1000 on CPU, 8563 on CUDA)",
+    )
+    p.add_argument(
+        "--batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="cells per batch (default: 8 on CPU, 64 on CUDA)",
+    )
     p.add_argument("--steps", type=int, default=8, help="sampling steps (+1 final denoise)")
     p.add_argument("--num-bins", type=int, default=64, help="count tokens (vocab = bins + 1)")
     p.add_argument(
@@ -52,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fp32 is the baseline",
     )
     p.add_argument("--repeats", type=int, default=2, help="timed runs per precision (median)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if any)")
     p.add_argument(
         "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
     )
@@ -60,6 +68,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+
+    from sedd.bench import BenchCase, environment, run_case
+    from sedd.commands.loading import resolve_device
+
+    args.device = resolve_device(args.device)
     for name in ("steps", "repeats", "num_bins"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
@@ -93,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(entries: list[dict]) -> Table:
+    from rich.table import Table
+
     table = Table(title="sampling throughput (median of repeats)")
     for col in (
         "model H/L/heads",

@@ -7,11 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from sedd.anndata_out import write_h5ad_atomic
-from sedd.api import Model
-from sedd.commands.checkpoints import add_model_arguments, load_from_args
-from sedd.commands.generate import add_sampling_arguments
-from sedd.commands.output import finish, resolve_precision_noting
+from sedd.commands.args import add_model_arguments, add_sampling_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,33 +18,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "genes to the model's by name (genes the model lacks are reported and dropped), sample "
         "every other gene and write all of the model's genes, the given counts kept.",
     )
-    p.add_argument("input", type=Path, metavar="INPUT", help=".h5ad with integer counts")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data", type=Path, metavar="FILE", help=".h5ad with integer counts")
+    where.add_argument("input", type=Path, nargs="?", metavar="INPUT", help="the same as --data")
     p.add_argument("--layer", help="read counts from this layer instead of .X")
     p.add_argument(
         "--condition", metavar="NAME", help="condition of every cell (default: the control)"
     )
-    p.add_argument(
-        "--clip", action="store_true", help="clip counts above the model's vocabulary"
-    )
-    p.add_argument(
-        "--out", type=Path, default=Path("out/imputed.h5ad"), help="output .h5ad"
-    )
+    p.add_argument("--clip", action="store_true", help="clip counts above the model's vocabulary")
+    p.add_argument("--out", type=Path, default=Path("out/imputed.h5ad"), help="output .h5ad")
     add_model_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.input.is_file():
-        raise FileNotFoundError(f"INPUT {args.input} is not a file; pass an .h5ad of counts.")
+    from sedd.anndata_out import write_h5ad_atomic
+    from sedd.api import Model
+    from sedd.commands.loading import load_from_args
+    from sedd.commands.output import finish, resolve_precision_noting
+
+    data = args.data or args.input
+    if not data.is_file():
+        raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
     loaded = load_from_args(args)
     model = Model(loaded, resolve_precision_noting(args.precision, loaded.device))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
+        steps = {} if args.steps is None else {"steps": args.steps}
         adata = model.impute(
-            args.input, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
-            steps=args.steps, sampler=args.sampler, temperature=args.temperature,
-            seed=args.seed, batch_size=args.batch_size, clip=args.clip, progress=True,
+            data, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
+            sampler=args.sampler, temperature=args.temperature, seed=args.seed,
+            batch_size=args.batch_size, clip=args.clip, progress=True, **steps,
         )  # fmt: skip
     for warning in caught:
         print(f"warning: {warning.message}", file=sys.stderr)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.batch.merge import merge_shards
-from sedd.commands.output import add_counts_dtype_argument
+from sedd.commands.args import add_counts_dtype_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sedd.batch.merge import merge_shards
+
     summary = merge_shards(args.dir, args.out, count_dtype=args.counts_dtype)
     timings = summary["timings"]
     print(

@@ -26,50 +26,6 @@ from sedd.precision import PrecisionPolicy, resolve_precision
 CountsDtype = Literal["int", "float32"]
 
 
-def add_shard_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--num-shards",
-        "--num_shards",
-        dest="num_shards",
-        type=int,
-        help="split the request's cells into N contiguous shards (default: "
-        "$SLURM_ARRAY_TASK_COUNT, else 1); needs --out-dir when N > 1",
-    )
-    p.add_argument(
-        "--shard-index",
-        "--shard_index",
-        dest="shard_index",
-        type=int,
-        help="which shard to run, 0..N-1 (default: $SLURM_ARRAY_TASK_ID - $SLURM_ARRAY_TASK_MIN)",
-    )
-
-
-def add_output_arguments(p: argparse.ArgumentParser, default_out: Path) -> None:
-    """``--out FILE`` or ``--out-dir DIR`` (resumable shards), the shard options, counts dtype."""
-    where = p.add_mutually_exclusive_group()
-    where.add_argument(
-        "--out", type=Path, default=None, help=f"write one .h5ad file (default {default_out})"
-    )
-    where.add_argument(
-        "--out-dir",
-        type=Path,
-        help="sharded, resumable output: DIR/request.json + DIR/shards/; `sedd merge DIR` joins",
-    )
-    add_shard_arguments(p)
-    add_counts_dtype_argument(p)
-    p.set_defaults(default_out=default_out)
-
-
-def add_counts_dtype_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--counts-dtype",
-        choices=["int", "float32"],
-        default="int",
-        help="float32 stores the integer counts as floats (for Arc's cell-eval); with --out-dir, "
-        "pass it to `sedd merge`",
-    )
-
-
 def run_request(
     loaded: LoadedModel, request: GenerationRequest, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -96,7 +52,7 @@ def request_from_args(
         cells_per_condition=cells_per_condition,
         conditions=tuple(conditions) if conditions else None,
         cell_type=args.cell_type,
-        steps=args.steps,
+        **({} if args.steps is None else {"steps": args.steps}),
         sampler=args.sampler,
         temperature=args.temperature,
         seed=args.seed,

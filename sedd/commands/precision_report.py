@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from rich.console import Console
-from rich.table import Table
+from sedd.commands.args import add_source_options
 
-from sedd.commands.checkpoints import add_source_options, load_source
-from sedd.eval.precision_report import PrecisionReport, precision_report
+if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
+    from rich.console import Console
+
+    from sedd.eval.precision_report import PrecisionReport
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cells", type=int, default=8, help="probe batch size (default 8)")
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per precision")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if any)")
     p.add_argument(
         "--all-modules", action="store_true", help="one row per module (no blocks.* folding)"
     )
@@ -46,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sedd.commands.loading import load_source
+    from sedd.eval.precision_report import precision_report
+
     loaded = load_source(args, args.ckpt)
     report = precision_report(
         loaded,
@@ -66,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_report(report: PrecisionReport, console: Console) -> None:
+    from rich.table import Table
+
     name = str(report.policy["amp_dtype"])
     console.print(
         f"policy: autocast {name}, weights {report.policy['weight_dtype']}, "

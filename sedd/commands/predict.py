@@ -9,10 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
-from sedd.commands.checkpoints import add_model_arguments, load_from_args
-from sedd.commands.generate import add_sampling_arguments
-from sedd.commands.output import add_output_arguments, request_from_args, run_request
+from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from a file, one name a line; default: every label the model knows), plus the same "
         "number of control cells (the model's control label) unless --no-control.",
     )
-    add_model_arguments(p, mapping_flag="--perturbation-map")
+    add_model_arguments(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--perturbations", nargs="+", metavar="NAME", help="perturbation names")
     which.add_argument(
@@ -32,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cells-per-perturbation",
         type=int,
-        default=100,
+        default=10,
         metavar="N",
-        help="cells per perturbation, control included (default 100)",
+        help="cells per perturbation, control included (default 10)",
     )
     p.add_argument("--no-control", action="store_true", help="generate no control cells")
     p.add_argument(
@@ -46,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
+    from sedd.commands.loading import load_from_args
+    from sedd.commands.output import request_from_args, run_request
+
     names = args.perturbations
     if args.perturbations_file is not None:
         names = read_perturbation_file(args.perturbations_file)

@@ -26,9 +26,9 @@ from sedd.batch.conditions import perturbation_conditions, read_perturbation_fil
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.commands.checkpoints import load_from_args
+from sedd.commands.args import add_shard_arguments
+from sedd.commands.loading import load_from_args
 from sedd.commands.output import (
-    add_shard_arguments,
     request_from_args,
     run_shard,
     write_one_file,

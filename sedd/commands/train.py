@@ -14,9 +14,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from sedd.train.config import load_train_config
-from sedd.train.trainer import Trainer
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -60,6 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sedd.train.config import load_train_config
+    from sedd.train.trainer import Trainer
+
     config = load_train_config(
         args.config, out=args.out, run_dir=args.run_dir, data=args.data,
         max_steps=args.max_steps, batch_size=args.batch_size, accum_steps=args.accum_steps,

@@ -1,0 +1,52 @@
+"""Load the model the ``sedd.commands.args`` model options name (imported when a command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from sedd.checkpoints import CheckpointNotFoundError, LoadedModel, load_checkpoint
+from sedd.paths import DEFAULT_MODEL
+
+
+def resolve_device(device: str | None) -> str:
+    """``None`` -> ``cuda`` when available, else ``cpu``."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_source(args: argparse.Namespace, source: str | Path) -> LoadedModel:
+    """Load ``source`` as the ``add_source_options`` options in ``args`` say."""
+    # Loader warnings (unnamed genes, ...) are advice to the user: print them plainly.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        loaded = load_checkpoint(
+            source,
+            checkpoint=args.checkpoint,
+            use_ema=not args.raw_weights,
+            genes=args.genes,
+            perturbations=args.perturbation_map,
+            vectors=args.vectors,
+            device=resolve_device(getattr(args, "device", None)),
+        )
+    for warning in caught:
+        print(f"warning: {warning.message}", file=sys.stderr)
+    return loaded
+
+
+def load_from_args(args: argparse.Namespace, default: Path = DEFAULT_MODEL) -> LoadedModel:
+    """Load the model named by ``add_model_arguments`` options (``default`` if none)."""
+    source = args.model
+    if source is None:
+        if not default.exists():
+            raise CheckpointNotFoundError(
+                f"no model given and the bundled default model at {default} is missing; "
+                "pass --model PATH."
+            )
+        source = default
+    return load_source(args, source)
