@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import math
 import os
+import socket
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,6 +19,19 @@ def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's bytes, read in chunks."""
     with Path(path).open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_writable(path: Path) -> Path:
+    """Create ``path``'s directory if needed and check that a file can be written there, so a
+    command fails at once (with the path in the error) instead of after its work is done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    probe = temporary_name(path)
+    try:  # os.access says yes to root even on read-only filesystems: try for real
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except OSError as err:
+        raise type(err)(err.errno, err.strerror, str(path.parent)) from None
+    probe.unlink()
+    return path
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -39,8 +54,38 @@ def _finite(obj: Any) -> Any:
 
 
 def temporary_name(path: Path) -> Path:
-    """A unique hidden name in ``path``'s directory (``os.replace`` must not cross filesystems)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    """A unique hidden name in ``path``'s directory (``os.replace`` must not cross filesystems).
+
+    The name carries the host and process id, so the next writer of ``path`` can remove what a
+    killed writer left behind (``remove_stale_temporaries``).
+    """
+    remove_stale_temporaries(path)
+    host = socket.gethostname().replace(".", "_")
+    return path.with_name(f".{path.name}.{host}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporary files of earlier writers of ``path`` on this host whose process is
+    gone (a killed ``sedd merge``); a live writer's file, or another host's, is left alone."""
+    host = socket.gethostname().replace(".", "_")
+    removed = []
+    with contextlib.suppress(OSError):
+        for tmp in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}.*.tmp"):
+            pid = tmp.name[len(f".{path.name}.{host}.") :].split(".", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+    return removed
 
 
 @contextlib.contextmanager

@@ -1,8 +1,10 @@
 """The app factory: ``create_app(settings)``.
 
-The lifespan loads the fp32 checkpoint once, resolves the precision policy, starts one engine and
-publishes them as ``app.state.service``; on shutdown (uvicorn's answer to SIGTERM) it stops
-taking requests and drains the engine. Every error reaches the client through
+The lifespan loads the fp32 checkpoint once (unless ``sedd serve`` loaded it already, so that a
+bad checkpoint is a one-line error before the server starts), resolves the precision policy,
+starts one engine and publishes them as ``app.state.service``; on shutdown it stops taking
+requests and drains the engine (``server.serve`` drains on SIGTERM first). ``server.guard``
+checks the API key and the drain before any route runs. Every error reaches the client through
 ``server.errors.http_error`` (installed here as the app's exception handlers).
 """
 
@@ -27,6 +29,7 @@ from sedd.monitor import Monitor
 from sedd.precision import resolve_precision
 from server.config import Settings
 from server.errors import MAPPED, http_error
+from server.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.routes import health, metrics, models, sampling
 from server.schemas import apply_limits
@@ -57,19 +60,22 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
     return Service(settings, loaded, precision, engine, service_metrics)
 
 
+def preload(app: FastAPI) -> Service:
+    """Load the model for ``app`` now (errors surface here, not in uvicorn's lifespan)."""
+    app.state.preloaded = load_service(app.state.settings, app.state.metrics)
+    return app.state.preloaded
+
+
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    service = await asyncio.to_thread(load_service, settings, app.state.metrics)
+    service = app.state.preloaded
+    if service is None:
+        service = await asyncio.to_thread(load_service, settings, app.state.metrics)
+    app.state.preloaded = None
     service.engine.start()
     app.state.service = service
-    log.info(
-        "serving %s (%s genes) on %s, precision %s",
-        service.loaded.path,
-        service.loaded.config.num_genes,
-        service.loaded.device,
-        service.precision.name,
-    )
+    log.info("%s", startup_line(service))
     try:
         yield
     finally:
@@ -77,6 +83,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("draining the engine (up to %.0f s)", settings.drain_timeout_s)
         await asyncio.to_thread(service.engine.stop, drain=True, timeout=settings.drain_timeout_s)
         app.state.service = None
+
+
+def startup_line(service: Service) -> str:
+    """One line: what is served, where, and under which limits."""
+    loaded, settings = service.loaded, service.settings
+    config = loaded.config
+    labels = len(config.perturbations or ()) or "no"
+    return (
+        f"serving {loaded.path} ({config.architecture}, {config.num_genes} genes, {labels} "
+        f"labels) on {loaded.device}, precision {service.precision.name}; limits: "
+        f"{settings.max_cells_per_request} cells and {settings.max_steps} steps per request, "
+        f"{settings.max_queued_jobs} queued jobs, "
+        f"{service.engine.sampler.block_rows} rows per forward; "
+        f"API key {'required' if settings.api_key else 'off'}; "
+        f"http://{settings.host}:{settings.port}"
+    )
 
 
 def _error_response(exc: BaseException) -> JSONResponse:
@@ -116,7 +138,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """A new app serving ``settings`` (``Settings()`` from the environment when None)."""
+    """A new app serving ``settings`` (``Settings()`` from the environment when None).
+
+    ``preload(app)`` loads the model now instead of in the lifespan.
+    """
     settings = settings if settings is not None else Settings()
     app = FastAPI(
         title="sedd",
@@ -126,6 +151,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.service = None
+    app.state.preloaded = None
+    app.state.draining = False
     app.state.metrics = ServiceMetrics()
     for router in (health.router, models.router, metrics.router, sampling.router):
         app.include_router(router)
@@ -134,7 +161,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for error in MAPPED:
         app.add_exception_handler(error, _domain_error)
     app.add_exception_handler(Exception, _domain_error)  # the rest: a logged JSON 500
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(GuardMiddleware, state=app.state)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)  # outermost: counts all
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

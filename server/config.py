@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     max_cells_per_request: int = Field(default=256, ge=1, le=100_000)
     max_steps: int = Field(default=1000, ge=1, le=100_000)
     max_body_bytes: int = Field(default=4 * 2**20, ge=1024)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body must arrive within this many seconds"
+    )
     max_queued_jobs: int = Field(default=64, ge=1)
     max_rows_per_forward: int = Field(default=256, ge=1)
     tokens_per_forward: int | None = Field(

@@ -63,6 +63,16 @@ class BodyTooLarge(Exception):
         )
 
 
+class BodyTimeout(Exception):
+    """The request body did not arrive within ``body_timeout_s``."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            f"the request body did not arrive within body_timeout_s={timeout:g} s; send it "
+            "without pauses."
+        )
+
+
 class Unauthorized(Exception):
     """Missing or wrong bearer API key."""
 
@@ -87,6 +97,7 @@ class DeadlineExceeded(Exception):
 MAPPED: tuple[type[Exception], ...] = (
     ValueError,  # FieldError, UnknownLabelError, CountRangeError, engine field checks
     BodyTooLarge,
+    BodyTimeout,
     Unauthorized,
     EngineFull,
     Draining,
@@ -124,6 +135,8 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(422, str(exc))
         case BodyTooLarge():
             return HTTPFailure(413, str(exc))
+        case BodyTimeout():
+            return HTTPFailure(408, str(exc), {"Connection": "close"})
         case Unauthorized():
             return HTTPFailure(401, str(exc), {"WWW-Authenticate": "Bearer"})
         case EngineFull():

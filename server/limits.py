@@ -1,19 +1,24 @@
-"""The request-body limit: refuse bodies over ``max_body_bytes`` before parsing them.
+"""Request bodies: bounded in size and read time, and parsed strictly, before FastAPI sees them.
 
 ``LimitedRoute`` checks the declared ``Content-Length`` first, then counts bytes as the body
-streams in (a chunked upload declares no length) and stops reading at the limit. It reads the
-body before FastAPI parses it, so ``BodyTooLarge`` reaches the app's error mapping.
+streams in (a chunked upload declares no length) and stops reading at ``max_body_bytes``; an
+upload that stalls past ``body_timeout_s`` is answered 408 and dropped. A JSON body is then parsed
+by ``server.jsonbody`` (duplicate keys, lone surrogates, deep nesting and huge numbers are 422s
+naming the place) and handed to FastAPI already parsed. Errors raised here reach the app's one
+mapping.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.errors import BodyTooLarge
+from server.errors import BodyTimeout, BodyTooLarge
+from server.jsonbody import parse_json_body
 
 
 class BoundedRequest(Request):
@@ -30,6 +35,16 @@ class BoundedRequest(Request):
             yield chunk
 
 
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI parses a body as JSON when it has no content type or an (application/*+)json one."""
+    if not content_type:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
 class LimitedRoute(APIRoute):
     """An APIRoute that enforces the app's ``max_body_bytes`` on every request it serves."""
 
@@ -43,7 +58,14 @@ class LimitedRoute(APIRoute):
                 raise BodyTooLarge(limit, int(declared))
             bounded = BoundedRequest(request.scope, request.receive)
             bounded.limit = limit
-            await bounded.body()  # read (bounded) now; FastAPI then parses the cached bytes
+            timeout = float(request.app.state.settings.body_timeout_s)
+            try:  # read (bounded) now; FastAPI then takes the cached body
+                async with asyncio.timeout(timeout):
+                    body = await bounded.body()
+            except TimeoutError:
+                raise BodyTimeout(timeout) from None
+            if body and _is_json(request.headers.get("content-type")):
+                bounded._json = parse_json_body(body)  # Request.json() returns this
             return await handler(bounded)
 
         return limited

@@ -178,9 +178,7 @@ def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) 
     request = _generation_request(body, body.cells_per_perturbation, conditions, body.cell_type)
     cells = _plan(loaded, request, ["body", "perturbations"])
     has_control = control is not None and control in conditions
-    return _planned(
-        loaded, request, cells, body, timeout, control=control if has_control else None
-    )
+    return _planned(loaded, request, cells, body, timeout, control=control if has_control else None)
 
 
 def _predicted_conditions(loaded: LoadedModel, body: PredictRequest) -> tuple[str, ...]:
@@ -219,9 +217,7 @@ def plan_impute(loaded: LoadedModel, settings: Settings, body: ImputeRequest) ->
 def _imputation(loaded: LoadedModel, body: ImputeRequest) -> Imputation:
     """The library's imputation of the body's counts; its errors named by field."""
     try:
-        return imputation_from_counts(
-            loaded, body.genes, np.asarray(body.counts, dtype=np.int64)
-        )
+        return imputation_from_counts(loaded, body.genes, np.asarray(body.counts, dtype=np.int64))
     except UnknownLabelError as err:
         raise FieldError(
             ["body", "genes", body.genes.index(err.name)],

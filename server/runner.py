@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from sedd.engine import JobHandle, JobProgress, JobResult
+from sedd.engine import JobCancelled, JobHandle, JobProgress, JobResult
 from server.errors import ClientDisconnected, DeadlineExceeded, Draining
 from server.metrics import outcome_for_status
 from server.planning import PlannedJob, finite_or_zero
@@ -52,7 +52,18 @@ async def _client_gone(request: Request) -> None:
         pass
 
 
-async def _wait(handle: JobHandle, request: Request, planned: PlannedJob) -> JobResult:
+def _result(service: Service, future: asyncio.Future[JobResult]) -> JobResult:
+    try:
+        return future.result()
+    except JobCancelled:
+        if service.draining:  # the drain ran out of time and cut this job off
+            raise Draining("the server shut down before this request finished") from None
+        raise
+
+
+async def _wait(
+    service: Service, handle: JobHandle, request: Request, planned: PlannedJob
+) -> JobResult:
     future = asyncio.wrap_future(handle.future)
     future.add_done_callback(_consume)
     gone = asyncio.ensure_future(_client_gone(request))
@@ -63,7 +74,7 @@ async def _wait(handle: JobHandle, request: Request, planned: PlannedJob) -> Job
             {future, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
         if future in done:
-            return future.result()
+            return _result(service, future)
         handle.cancel()
         if gone in done:
             raise ClientDisconnected("the client disconnected; its job was cancelled")
@@ -81,7 +92,7 @@ async def run_job(
     """Submit, await and record queue time; returns (job id, result). Engine errors propagate
     to the app's one mapping (``server.errors.http_error``)."""
     handle = submit(service, planned)
-    result = await _wait(handle, request, planned)
+    result = await _wait(service, handle, request, planned)
     service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
     return str(handle.job_id), result
 
@@ -114,7 +125,7 @@ async def stream_job(
     handle = submit(service, planned, on_progress)
 
     async def events() -> AsyncIterator[str]:
-        waiter = asyncio.ensure_future(_wait(handle, request, planned))
+        waiter = asyncio.ensure_future(_wait(service, handle, request, planned))
         try:
             yield sse_event("queued", {"job_id": str(handle.job_id)})
             while not waiter.done() or not progress.empty():
@@ -135,7 +146,8 @@ async def stream_job(
             service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
             yield sse_event("result", encode(result))
         finally:
-            if not waiter.done():
+            if not waiter.done():  # the client went away mid-stream: its job is cancelled
+                request.scope["sedd.outcome"] = "cancelled"
                 waiter.cancel()
                 handle.cancel()
 

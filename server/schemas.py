@@ -25,7 +25,10 @@ HARD_MAX_GENES = 100_000
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict: unknown fields are refused, and nothing is coerced (``"2"`` and ``true`` are not
+    the integer 2 or 1)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SamplingOptions(_Request):

@@ -39,14 +39,21 @@ def tiny_config() -> ModelConfig:
     )
 
 
-def save_tiny_model(dst: Path, *, nan_label: str | None = None, seed: int = 0) -> Path:
-    """Write the tiny model to ``dst``; ``nan_label``'s embedding row is NaN (its cells fail)."""
+def save_tiny_model(
+    dst: Path, *, nan_label: str | None = None, seed: int = 0, overflow: bool = False
+) -> Path:
+    """Write the tiny model to ``dst``; ``nan_label``'s embedding row is NaN (its cells fail).
+
+    With ``overflow`` that row is finite but huge (3e38): the weights load, and the forward
+    overflows to Inf/NaN for that label only.
+    """
     torch.manual_seed(seed)
     config = tiny_config()
     model = build_model(config).eval()
     if nan_label is not None:
         with torch.no_grad():
-            model.pert_embed.weight[PERTURBATIONS.index(nan_label)] = float("nan")
+            bad = 3e38 if overflow else float("nan")
+            model.pert_embed.weight[PERTURBATIONS.index(nan_label)] = bad
     loaded = LoadedModel(
         model=model,
         config=config,

@@ -37,7 +37,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def nan_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("faults") / "nan", nan_label="BAD")
+    return save_tiny_model(
+        tmp_path_factory.mktemp("faults") / "nan", nan_label="BAD", overflow=True
+    )
 
 
 async def test_concurrent_clients_each_get_their_solo_result(model_dir: Path) -> None:
@@ -200,10 +202,10 @@ def test_serve_flags_override_the_environment(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_run(app: Any, **kwargs: Any) -> None:
-        seen.update(kwargs, settings=app.state.settings)
+    def fake_serve(app: Any, **kwargs: Any) -> None:
+        seen.update(kwargs, settings=app.state.settings, preloaded=app.state.preloaded)
 
-    monkeypatch.setattr("uvicorn.run", fake_run)
+    monkeypatch.setattr("server.serve.serve", fake_serve)
     monkeypatch.setenv("SEDD_PORT", "9001")
     monkeypatch.setenv("SEDD_MAX_STEPS", "7")
     monkeypatch.setenv("SEDD_API_KEY", "from-env")
@@ -214,3 +216,4 @@ def test_serve_flags_override_the_environment(
     assert (settings.model, settings.max_steps) == (model_dir, 7)
     assert settings.api_key.get_secret_value() == "from-env"
     assert "from-env" not in repr(settings)
+    assert seen["preloaded"].loaded.path == model_dir  # loaded before anything listens

@@ -37,10 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from sedd.api import Model
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import finish, resolve_precision_noting
+    from sedd.files import check_writable
 
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
+    check_writable(args.out)  # before the work, not after it
     loaded = load_from_args(args)
     model = Model(loaded, resolve_precision_noting(args.precision, loaded.device))
     with warnings.catch_warnings(record=True) as caught:

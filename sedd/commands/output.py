@@ -20,7 +20,7 @@ from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.files import write_json_atomic
+from sedd.files import check_writable, write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
 
 CountsDtype = Literal["int", "float32"]
@@ -72,7 +72,7 @@ def write_one_file(
     request.validate()
     precision = resolve_precision_noting(precision_name, loaded.device)
     num_cells = len(cell_plan(loaded, request))
-    writer = CellWriter(out, loaded.config.genes, count_dtype=counts_dtype)
+    writer = CellWriter(check_writable(out), loaded.config.genes, count_dtype=counts_dtype)
     with writer, progress_bar(num_cells, request.steps, "sampling") as on_progress:
         result = generate(
             loaded, request, precision, on_progress=on_progress,

@@ -57,11 +57,13 @@ _FLAGS = (
 
 def run(args: argparse.Namespace) -> int:
     # The web stack is imported here, so other commands do not pay for it.
-    import uvicorn
+    import logging
+
     from pydantic import ValidationError
 
-    from server.app import create_app
+    from server.app import create_app, preload
     from server.config import Settings
+    from server.serve import serve
 
     overrides = {name: getattr(args, name) for name in _FLAGS if getattr(args, name) is not None}
     try:
@@ -71,11 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"invalid settings: {problems}") from None
     if not settings.model.exists():
         raise FileNotFoundError(f"no model at {settings.model}; pass --model PATH.")
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
-    )
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    app = create_app(settings)
+    preload(app)  # a bad checkpoint is a one-line error here, before anything listens
+    serve(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0

@@ -1,0 +1,85 @@
+"""The gate every HTTP request passes before routing: the API key, the drain, the in-flight count.
+
+``GuardMiddleware`` is plain ASGI and runs before anything reads the body, so:
+
+* with ``SEDD_API_KEY`` set, every path but ``/healthz`` needs ``Authorization: Bearer <key>``
+  (``/docs``, ``/redoc`` and ``/openapi.json`` included: the schema lists the model's genes and
+  labels); a request without it is answered 401 before its body is read or parsed;
+* once the server drains (SIGTERM, ``server.serve``), new requests get a JSON 503 with
+  ``Retry-After`` on the still-open listener, while the requests already in flight finish;
+* ``in_flight`` counts the requests being answered (probes and metrics scrapes excluded), which
+  is what the drain waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from server.errors import RETRY_DRAINING_S
+
+OPEN_PATHS = frozenset({"/healthz"})  # liveness probes carry no key
+UNCOUNTED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # never waited for
+DRAINING_DETAIL = "the server is shutting down and takes no new requests"
+
+
+async def _answer(send: Send, status: int, detail: str, headers: dict[str, str]) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+class GuardMiddleware:
+    """API key, drain gate and in-flight count (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app, self.state = app, state
+        state.in_flight = 0
+
+    def _key_problem(self, scope: Scope) -> str | None:
+        key = self.state.settings.api_key
+        if key is None or scope["path"] in OPEN_PATHS:
+            return None
+        given = _bearer(scope)
+        if given is None:
+            return "missing bearer API key: send `Authorization: Bearer <key>`."
+        if not secrets.compare_digest(given.encode(), key.get_secret_value().encode()):
+            return "invalid API key."
+        return None
+
+    def _draining(self) -> bool:
+        service = getattr(self.state, "service", None)
+        return bool(getattr(self.state, "draining", False)) or (
+            service is not None and service.draining
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        problem = self._key_problem(scope)
+        if problem is not None:
+            await _answer(send, 401, problem, {"WWW-Authenticate": "Bearer"})
+            return
+        counted = scope["path"] not in UNCOUNTED_PATHS
+        if counted and self._draining():
+            await _answer(send, 503, DRAINING_DETAIL, {"Retry-After": str(RETRY_DRAINING_S)})
+            return
+        self.state.in_flight += counted
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= counted

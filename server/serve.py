@@ -1,0 +1,91 @@
+"""Run the app under uvicorn with the shutdown the README documents.
+
+uvicorn's own answer to SIGTERM closes the listener at once (new clients get "connection
+refused") and waits for open connections without a limit of its own. ``DrainingServer`` instead,
+on the first SIGTERM or SIGINT:
+
+1. marks the service draining: the listener stays open and new requests get a JSON 503 with
+   ``Retry-After`` (``server.guard``), ``/readyz`` says not ready;
+2. lets the requests in flight finish for up to ``drain_timeout_s`` (0 and values under 1 s are
+   honoured as given);
+3. stops the engine: jobs still running are cut off and their requests answered with a JSON 503;
+4. then lets uvicorn close the listener and exit, ``EXIT_GRACE_S`` at most later.
+
+A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from server.state import Service
+
+log = logging.getLogger("sedd.server")
+EXIT_GRACE_S = 3.0  # after the drain: time for the last responses to be written
+_POLL_S = 0.05
+
+
+def _in_flight(state: object) -> int:
+    return int(getattr(state, "in_flight", 0))  # set when the middleware stack is built
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with the drain above; ``app`` is the FastAPI app it serves."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_requested = False
+        self._drain: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: runs between two bytecodes of the event loop's thread.
+        if self._loop is None or self._drain_requested:  # a second signal: exit now
+            self.force_exit = self._drain_requested
+            self.should_exit = True
+            return
+        self._drain_requested = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self.drain())
+
+    async def drain(self) -> None:
+        state = self.app.state
+        service: Service | None = state.service
+        timeout = float(state.settings.drain_timeout_s)
+        state.draining = True
+        if service is not None:
+            service.draining = True
+        log.info("draining: %d request(s) in flight, up to %g s", _in_flight(state), timeout)
+        deadline = time.monotonic() + timeout
+        while _in_flight(state) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL_S)
+        if service is not None:  # jobs still running are cut off (their requests get 503)
+            left = max(0.0, deadline - time.monotonic())
+            await asyncio.to_thread(service.engine.stop, drain=True, timeout=left)
+        grace = time.monotonic() + EXIT_GRACE_S
+        while _in_flight(state) > 0 and time.monotonic() < grace:
+            await asyncio.sleep(_POLL_S)
+        log.info("drained; %d request(s) still open; shutting down", _in_flight(state))
+        self.should_exit = True
+
+
+def serve(app: FastAPI, *, host: str, port: int, log_level: str) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then drain as described above."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=EXIT_GRACE_S
+    )
+    DrainingServer(config, app).run()
