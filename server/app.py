@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sedd.checkpoints import load_checkpoint
@@ -143,7 +144,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ``preload(app)`` loads the model now instead of in the lifespan.
     """
     settings = settings if settings is not None else Settings()
-    app = FastAPI(
+    app = FastAPIOffline(  # FastAPI, with /docs and /redoc assets from the installed package
         title="sedd",
         summary="Discrete-diffusion (SEDD) single-cell count models over HTTP",
         version="0.1.0",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,17 @@ def _scope(path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
         "client": ("127.0.0.1", 1),
         "server": ("sedd.test", 80),
     }
+
+
+async def test_docs_load_their_assets_from_the_server_not_a_cdn(model_dir: Path) -> None:
+    async with served(make_settings(model_dir)) as (client, _):
+        pages = [await client.get(path) for path in ("/docs", "/redoc")]
+        assets = re.findall(
+            r'(?:src|href)="([^"]+\.(?:js|css|png))"', pages[0].text + pages[1].text
+        )
+        fetched = [await client.get(url) for url in assets]
+    assert all(page.status_code == 200 for page in pages)
+    assert not any(re.search(r"https?://", page.text) for page in pages)  # no CDN, no fonts
+    assert {Path(url).name for url in assets} >= {"swagger-ui-bundle.js", "swagger-ui.css"}
+    assert all(url.startswith("/") for url in assets)  # same origin
+    assert all(r.status_code == 200 and len(r.content) > 1000 for r in fetched)
