@@ -240,8 +240,9 @@ def _check_range(
         raise CountRangeError(
             f"{n_over} count value(s) are out of range for this model (max count {max_value}, "
             f"first at {_where(locate, genes, k)}): a model with num_bins={num_bins} represents "
-            f"counts 0..{top} (token {num_bins} is the mask). Pass clip=True (CLI: --clip) to "
-            f"clip them to num_bins-1 = {top}, or use a model with num_bins > {max_value}."
+            f"counts 0..{top} (token {num_bins} is the mask). Pass clip=True (CLI: --clip; "
+            f'HTTP: "clip": true) to clip them to num_bins-1 = {top}, or use a model with '
+            f"num_bins > {max_value}."
         )
     values[over] = top
     warnings.warn(

@@ -84,6 +84,7 @@ def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id
         genes=list(service.loaded.config.genes),
         counts=counts.tolist(),
         observed_genes=list(planned.observed_genes),
+        dropped_genes=list(planned.dropped_genes),
         cells=_cell_labels(planned),
         metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
     ).model_dump()

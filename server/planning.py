@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from sedd.batch.requests import (
     imputation_from_counts,
     job_for,
 )
-from sedd.cells import CountRangeError
+from sedd.cells import CountClipWarning, CountRangeError
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.engine import EngineJob
 from server.config import Settings
@@ -44,6 +45,7 @@ class PlannedJob:
     timeout_s: float
     control: str | None = None
     observed_genes: tuple[str, ...] = ()
+    dropped_genes: tuple[str, ...] = ()
 
 
 def _with_default_steps(body: RequestT, settings: Settings) -> RequestT:
@@ -206,26 +208,38 @@ def plan_impute(loaded: LoadedModel, settings: Settings, body: ImputeRequest) ->
     body = _with_default_steps(body, settings)
     num_cells = len(body.counts)
     timeout = _check_limits(settings, body, num_cells, "counts")
-    imputation = _imputation(loaded, body)
+    imputation, dropped = _imputation(loaded, body)
     request = _generation_request(
         body, num_cells, _condition(loaded, body.condition), body.cell_type, imputation
     )
     cells = _plan(loaded, request, ["body", "condition"])
-    return _planned(loaded, request, cells, body, timeout, observed_genes=tuple(body.genes))
+    return _planned(
+        loaded, request, cells, body, timeout,
+        observed_genes=imputation.genes, dropped_genes=dropped,
+    )  # fmt: skip
 
 
-def _imputation(loaded: LoadedModel, body: ImputeRequest) -> Imputation:
-    """The library's imputation of the body's counts; its errors named by field."""
-    try:
-        return imputation_from_counts(loaded, body.genes, np.asarray(body.counts, dtype=np.int64))
-    except UnknownLabelError as err:
+def _imputation(loaded: LoadedModel, body: ImputeRequest) -> tuple[Imputation, tuple[str, ...]]:
+    """The library's imputation of the body's counts, and the genes the model does not have
+    (dropped and reported, as ``sedd impute`` does); errors named by field."""
+    known = set(loaded.config.genes)
+    keep = [i for i, gene in enumerate(body.genes) if gene in known]
+    dropped = tuple(gene for gene in body.genes if gene not in known)
+    if not keep:
         raise FieldError(
-            ["body", "genes", body.genes.index(err.name)],
-            str(err),
+            ["body", "genes"],
+            f"none of the {len(body.genes)} genes is one of the model's {len(known)} genes "
+            f"(e.g. {list(loaded.config.genes[:3])}); use the model's gene identifiers "
+            "(GET /v1/models lists them).",
             type="unknown_gene",
-            input=err.name,
-            ctx={"suggestions": err.suggestions},
-        ) from None
+            input=body.genes[:5],
+        )
+    counts = np.asarray(body.counts, dtype=np.int64)[:, keep]
+    try:
+        genes = [body.genes[i] for i in keep]
+        with warnings.catch_warnings():  # the client asked for clipping: no server log line
+            warnings.simplefilter("ignore", CountClipWarning)
+            return imputation_from_counts(loaded, genes, counts, clip=body.clip), dropped
     except CountRangeError as err:
         raise FieldError(
             ["body", "counts"],

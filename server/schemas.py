@@ -116,6 +116,10 @@ class ImputeRequest(SamplingOptions):
     )
     condition: Name | None = None
     cell_type: Name | None = None
+    clip: bool = Field(
+        default=False,
+        description="clip counts above the model's largest count instead of refusing them",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ImputeRequest:
@@ -190,6 +194,9 @@ class ImputeResponse(BaseModel):
     genes: list[str]
     counts: list[list[int]] = Field(description="given counts kept, the rest sampled")
     observed_genes: list[str]
+    dropped_genes: list[str] = Field(
+        default_factory=list, description="genes of the request the model does not have (ignored)"
+    )
     cells: list[CellLabels]
     metadata: ResponseMetadata
 
@@ -280,8 +287,7 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
     if (found := prop("PredictRequest", "perturbations")) is not None and names is not None:
         found["items"]["enum"] = list(names)
         found.update(maxItems=len(names), uniqueItems=True)
-    if (found := prop("ImputeRequest", "genes")) is not None:
-        found["items"]["enum"] = list(config.genes)
-        found.update(maxItems=len(config.genes), uniqueItems=True)
-    if (found := prop("ImputeRequest", "counts")) is not None:
+    if (found := prop("ImputeRequest", "genes")) is not None:  # unknown genes are dropped
+        found.update(uniqueItems=True)
+    if (found := prop("ImputeRequest", "counts")) is not None:  # larger ones need "clip"
         found["items"]["items"]["maximum"] = config.tokens.max_count

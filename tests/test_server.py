@@ -183,22 +183,26 @@ async def test_impute_keeps_given_counts_and_matches_a_solo_sampler_run(model_di
     np.testing.assert_array_equal(got, solo.numpy())
 
 
-async def test_impute_unknown_gene_and_out_of_range_count_are_422(model_dir: Path) -> None:
+async def test_impute_drops_unknown_genes_and_clips_on_request(model_dir: Path) -> None:
     async with served(make_settings(model_dir)) as (client, _):
-        unknown = await client.post(
-            "/impute", json={"genes": ["GENE1", "GENE99"], "counts": [[1, 1]]}
-        )
-        too_big = await client.post("/impute", json={"genes": ["GENE1"], "counts": [[2], [6]]})
-    assert unknown.status_code == 422
-    [error] = unknown.json()["detail"]
-    assert (error["type"], error["loc"], error["input"]) == (
-        "unknown_gene",
-        ["body", "genes", 1],
-        "GENE99",
-    )
-    assert error["msg"].startswith("unknown gene 'GENE99'; did you mean 'GENE9'")
-    assert too_big.status_code == 422
-    [error] = too_big.json()["detail"]
+        body = {"counts": [[1, 4]], "steps": 3, "seed": 2}
+        with_extra = await client.post("/impute", json={**body, "genes": ["GENE1", "GENE99"]})
+        alone = await client.post("/impute", json={**body, "counts": [[1]], "genes": ["GENE1"]})
+        none_known = await client.post("/impute", json={"genes": ["X1", "X2"], "counts": [[1, 1]]})
+        too_big = {"genes": ["GENE1"], "counts": [[2], [6]], "steps": 3}
+        refused = await client.post("/impute", json=too_big)
+        clipped = await client.post("/impute", json={**too_big, "clip": True})
+    assert with_extra.status_code == alone.status_code == 200
+    extra, solo = with_extra.json(), alone.json()
+    assert extra["dropped_genes"] == ["GENE99"] and solo["dropped_genes"] == []
+    assert extra["observed_genes"] == ["GENE1"]
+    assert extra["counts"] == solo["counts"]  # the unknown gene changes nothing
+    assert none_known.status_code == 422
+    [error] = none_known.json()["detail"]
+    assert (error["type"], error["loc"]) == ("unknown_gene", ["body", "genes"])
+    assert error["msg"].startswith("none of the 2 genes is one of the model's 12 genes")
+    assert refused.status_code == 422
+    [error] = refused.json()["detail"]
     assert (error["type"], error["loc"], error["ctx"]) == (
         "count_out_of_range",
         ["body", "counts"],
@@ -208,6 +212,9 @@ async def test_impute_unknown_gene_and_out_of_range_count_are_422(model_dir: Pat
         "1 count value(s) are out of range for this model (max count 6, first at cell 1, "
         "gene 'GENE1')"
     )
+    assert 'HTTP: "clip": true' in error["msg"]
+    assert clipped.status_code == 200
+    assert [row[1] for row in clipped.json()["counts"]] == [2, 5]  # 6 clipped to the top count
 
 
 @pytest.mark.parametrize(
@@ -439,7 +446,7 @@ async def test_openapi_carries_the_server_limits_and_examples(model_dir: Path) -
     assert generate_schema["examples"][0]["num_cells"] == 2
     impute = schema["components"]["schemas"]["ImputeRequest"]["properties"]
     assert impute["counts"]["maxItems"] == 8 and impute["counts"]["items"]["items"]["maximum"] == 5
-    assert impute["genes"]["items"]["enum"] == GENES
+    assert impute["genes"]["uniqueItems"] and "enum" not in impute["genes"]["items"]
     predict = schema["components"]["schemas"]["PredictRequest"]["properties"]
     assert predict["perturbations"]["items"]["enum"] == ["ctrl", "KRAS", "TP53", "MYC", "BAD"]
     assert {"/generate", "/generate/stream", "/predict", "/predict/stream", "/impute"} <= set(
