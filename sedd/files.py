@@ -34,6 +34,15 @@ def check_writable(path: Path) -> Path:
     return path
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary name beside ``path``, then rename it into place, with the
+    mode an ordinary new file gets (0644 under the usual umask 022)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with temporary_beside(path) as tmp:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to a temporary name beside ``path``, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -389,3 +389,13 @@ def test_model_arguments_default_to_the_bundled_model(
         ["--experiment-dir", str(ST3 / "tiny_pert"), "--checkpoint", "final.pt"]
     )
     assert loading.load_from_args(args, default=missing).config.num_perturbations == 5
+
+
+def test_convert_writes_ordinary_file_modes(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        assert main(["convert", str(ST3 / "tiny_mlm"), str(tmp_path / "native")]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "native").iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}

@@ -291,7 +291,7 @@ def test_old_config_without_new_fields_loads_with_defaults(tmp_path, data_file):
     assert (config.max_steps, config.arch.hidden_dim, config.out) == (7, 32, "elsewhere")
     assert config.objective == "elbo" and config.amp == "fp32" and config.accum_steps == 1
     assert config.activation_checkpointing is False and config.ema_decay == 0.999
-    assert config.run_path == Path("runs") / "elsewhere"
+    assert config.run_path == Path("elsewhere") / "training"
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"max_step": 7}))
     with pytest.raises(ValueError, match="max_step: Extra inputs are not permitted"):
@@ -341,3 +341,21 @@ def test_documented_command_chain_reproduces_the_weights_byte_for_byte(tmp_path,
     first, second = recipe("first"), recipe("second")
     assert first == second
     assert load_checkpoint(tmp_path / "first").config.provenance.step == 3
+
+
+def test_config_file_paths_are_relative_to_the_file_not_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anywhere but the repository
+    shipped = load_train_config(Path(__file__).parents[1] / "configs" / "pbmc_default.json")
+    assert Path(shipped.data).is_file() and Path(shipped.data).name == "pbmc68k_counts.h5ad"
+    assert Path(shipped.out).resolve() == (Path(__file__).parents[1] / "models" / "pbmc_default")
+    assert Path(load_train_config().data).is_file()  # the default: the bundled counts
+    nested = tmp_path / "configs" / "run.json"
+    nested.parent.mkdir()
+    nested.write_text(json.dumps({"data": "../cells.h5ad", "out": "model"}))
+    config = load_train_config(nested, run_dir="state")  # a flag stays relative to the cwd
+    assert (config.data, config.out, config.run_dir) == (
+        str(tmp_path / "cells.h5ad"),
+        str(nested.parent / "model"),
+        "state",
+    )
+    assert load_train_config(nested).run_path == nested.parent / "model" / "training"

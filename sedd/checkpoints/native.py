@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from sedd.checkpoints.io import CheckpointError, read_safetensors
 from sedd.checkpoints.loaded import (
@@ -19,7 +19,7 @@ from sedd.checkpoints.loaded import (
     read_model_config,
 )
 from sedd.config import ModelConfig
-from sedd.files import sha256_file
+from sedd.files import sha256_file, write_bytes_atomic
 
 
 def load_native(root: Path, checkpoint: str | None) -> SourceParts:
@@ -86,13 +86,14 @@ def save_native(
     # One metadata key only: safetensors writes metadata in hash-map order, which changes from
     # process to process, and identical weights must give an identical file (and sha256).
     # The schema version lives in config.json.
-    save_file(state, dst / WEIGHTS_FILE, metadata={"format": "pt"})
+    # safetensors' save_file creates files 0600; write its bytes like any other output (0644)
+    write_bytes_atomic(dst / WEIGHTS_FILE, save(state, metadata={"format": "pt"}))
     vectors_path = dst / VECTORS_FILE
     if loaded.perturbation_vectors is not None:
         names = list(loaded.perturbation_vectors)
         tensors = {n: loaded.perturbation_vectors[n].float().cpu().contiguous() for n in names}
-        save_file(tensors, vectors_path, metadata={"names": json.dumps(names)})
+        write_bytes_atomic(vectors_path, save(tensors, metadata={"names": json.dumps(names)}))
     elif vectors_path.exists():
         vectors_path.unlink()  # a stale file from an earlier save would contradict config.json
-    (dst / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
+    write_bytes_atomic(dst / CONFIG_FILE, (config.model_dump_json(indent=2) + "\n").encode())
     return dst

@@ -4,7 +4,7 @@
     sedd train --config configs/pbmc_default.json --out models/pbmc_default --resume
 
 The native model (EMA weights) goes to ``--out``; the resumable state (``train_state.pt``) and
-``metrics.jsonl`` go to the run directory (default ``runs/<name of --out>``).
+``metrics.jsonl`` go to the run directory (default ``<--out>/training``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--run-dir",
         metavar="DIR",
-        help="train_state.pt + metrics.jsonl (default runs/<name of --out>)",
+        help="train_state.pt + metrics.jsonl (default <--out>/training)",
     )
     p.add_argument("--data", metavar="FILE", help=".h5ad of integer counts")
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps in total")

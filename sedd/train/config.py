@@ -3,8 +3,10 @@ schedule and precision it implies.
 
 ``TrainConfig`` is the JSON file behind ``sedd train --config FILE``. Every field has a default,
 so a config written by an older sedd (missing newer fields) still loads. Unknown keys are refused,
-which catches typos. Relative paths (``data``, ``out``, ``run_dir``) are relative to the working
-directory, as on the command line.
+which catches typos. Relative paths (``data``, ``out``, ``run_dir``) written in a config file are
+relative to that file's directory (so a config works from any working directory); given on the
+command line, they are relative to the working directory. Without any, ``data`` is the bundled
+PBMC counts and the run directory (``train_state.pt``, ``metrics.jsonl``) is ``<out>/training``.
 
 ``load_training_data`` reads the counts (``sedd.anndata_io.read_counts``), splits train /
 held-out cells by an obs column, and turns counts into tokens (``sedd.cells.counts_to_tokens``):
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,7 @@ from sedd.config import (
     TokenConfig,
 )
 from sedd.files import sha256_file
+from sedd.paths import BUNDLED_DATA
 from sedd.precision import PrecisionError, PrecisionPolicy, resolve_precision
 
 __all__ = [
@@ -92,7 +96,7 @@ class TrainConfig(_Strict):
     """A training run. Steps count optimizer updates (``accum_steps`` micro-batches each)."""
 
     # data
-    data: str = "data/pbmc68k_counts.h5ad"
+    data: str = str(BUNDLED_DATA)
     layer: str | None = None  # read counts from this layer instead of .X
     recover: Literal["pbmc"] | None = None  # rebuild counts from log1p .raw.X (read_counts)
     condition_key: str | None = "bulk_labels"  # obs column of labels; None: unconditional
@@ -130,12 +134,12 @@ class TrainConfig(_Strict):
     val_every: int | None = Field(default=None, ge=1)  # None: only at the end
     val_repeats: int = Field(default=1, ge=1)  # passes over the held-out cells (fresh t, masks)
     out: str = "models/sedd"  # native model directory (EMA weights)
-    run_dir: str | None = None  # train_state.pt + metrics.jsonl; None: runs/<name of out>
+    run_dir: str | None = None  # train_state.pt + metrics.jsonl; None: <out>/training
     notes: str = ""  # free text, kept in the model's provenance
 
     @property
     def run_path(self) -> Path:
-        return Path(self.run_dir) if self.run_dir else Path("runs") / Path(self.out).name
+        return Path(self.run_dir) if self.run_dir else Path(self.out) / "training"
 
 
 def load_train_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
@@ -151,6 +155,10 @@ def load_train_config(path: str | Path | None = None, **overrides: Any) -> Train
             raise ValueError(f"{path} is not valid JSON: {err}.") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a JSON object of training settings.")
+        for key in ("data", "out", "run_dir"):  # relative to the config file, not the cwd
+            value = data.get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                data[key] = os.path.normpath(path.parent / value)
     data.update({key: value for key, value in overrides.items() if value is not None})
     try:
         return TrainConfig.model_validate(data)
