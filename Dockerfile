@@ -2,7 +2,7 @@
 #
 #   docker build -t sedd .
 #   docker run --gpus all -p 8000:8000 sedd                      # the service on :8000
-#   docker run --gpus all -v "$PWD/out:/app/out" sedd sedd generate --cells 5 --out out/g.h5ad
+#   docker run --gpus all -v "$PWD/out:/app/out" sedd sedd generate --num-cells 5 --out out/g.h5ad
 #
 # CUDA: the torch wheel brings its own CUDA runtime libraries (the nvidia-* wheels it depends on),
 # so the base image needs only Python; the host's NVIDIA driver is mounted into the container by

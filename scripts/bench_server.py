@@ -38,10 +38,10 @@ import torch
 import uvicorn
 
 from sedd.checkpoints import LoadedModel, build_model, save_native
-from sedd.paths import DEFAULT_MODEL
 from sedd.config import ModelConfig
 from sedd.graph import graph_from_config
 from sedd.noise import noise_from_config
+from sedd.paths import DEFAULT_MODEL
 from server.app import create_app
 from server.config import Settings
 

@@ -26,7 +26,6 @@ from sedd.anndata_io import read_counts
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
-from sedd.paths import DEFAULT_MODEL
 from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,
@@ -36,6 +35,7 @@ from sedd.eval.metrics import (
     mmd2_unbiased,
     top_variable_genes,
 )
+from sedd.paths import DEFAULT_MODEL
 from sedd.precision import resolve_precision
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pbmc68k_counts.h5ad"

@@ -14,14 +14,16 @@
 # Completed shards are skipped and partial ones resumed by sedd itself, so any of these can be
 # rerun after an interruption. Needs OUTPUT_DIR and MERGED_FILE set by the caller.
 
-# The sedd executable: $SEDD if set, else `sedd` on PATH, else the repository's .venv.
+# The sedd executable: $SEDD if set, else `sedd` on PATH, else this repository's .venv (found
+# from this script's own location, so no environment needs activating, from any directory).
+SEDD_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 sedd_executable() {
   if [[ -n ${SEDD:-} ]]; then
     echo "$SEDD"
   elif command -v sedd >/dev/null; then
     command -v sedd
-  elif [[ -x .venv/bin/sedd ]]; then
-    echo "$PWD/.venv/bin/sedd"
+  elif [[ -x $SEDD_REPO/.venv/bin/sedd ]]; then
+    echo "$SEDD_REPO/.venv/bin/sedd"
   else
     echo "error: no 'sedd' executable: activate the environment, or set SEDD=/path/to/sedd" >&2
     return 1
