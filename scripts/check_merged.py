@@ -56,10 +56,10 @@ def check(args: argparse.Namespace) -> list[str]:
             f"{adata.n_obs} cells, expected {n} x {len(conditions)} conditions "
             f"{conditions} = {n * len(conditions)}"
         )
-    if "perturbation" not in adata.obs:
-        problems.append(f"obs has no 'perturbation' column: {list(adata.obs.columns)}")
+    if "condition" not in adata.obs:
+        problems.append(f"obs has no 'condition' column: {list(adata.obs.columns)}")
     else:
-        counts = Counter(map(str, adata.obs["perturbation"]))
+        counts = Counter(map(str, adata.obs["condition"]))
         wanted = dict.fromkeys(conditions, n)
         if dict(counts) != wanted:
             problems.append(f"cells per perturbation {dict(counts)}, expected {wanted}")
@@ -80,7 +80,7 @@ def check(args: argparse.Namespace) -> list[str]:
             problems.append(f"obs_names differ from {args.same_as}")
     print(
         f"{args.merged}: {adata.n_obs} cells x {adata.n_vars} genes, conditions "
-        f"{dict(Counter(map(str, adata.obs.get('perturbation', []))))}, "
+        f"{dict(Counter(map(str, adata.obs.get('condition', []))))}, "
         f"total counts {int(x.sum())}"
         + (f", identical to {args.same_as}" if args.same_as and not problems else "")
     )

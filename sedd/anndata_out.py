@@ -42,10 +42,11 @@ def cells_anndata(
 
     - ``var_names`` = ``genes`` (model order); ``obs`` columns as given, strings as categoricals
       (a dict gets obs_names ``"0".."N-1"``);
-    - counts as int32 (int64 if the max needs it), CSR when smaller than dense;
+    - counts as CSR int32 (int64 if the max needs it), whatever the gene count;
       ``count_dtype="float32"`` stores the same integer values as float32, for tools that
       normalise ``.X`` in place (Arc's cell-eval / pdex fail on integer matrices);
-    - ``uns`` made writable: None -> "None", tuples -> lists, numpy/torch scalars -> Python.
+    - ``uns`` made writable: tuples -> lists, numpy/torch scalars -> Python; None stays None
+      (h5ad stores it as null).
     """
     genes = [str(g) for g in genes]
     require_unique(genes, "genes")
@@ -140,7 +141,7 @@ def provenance_uns(
     return {"sedd": _writable_uns(record)}
 
 
-def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> np.ndarray | sp.csr_matrix:
+def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> sp.csr_matrix:
     if isinstance(counts, torch.Tensor):
         counts = counts.detach().cpu().numpy()
     matrix = as_counts(counts, where="counts", hint="pass integer counts")
@@ -148,23 +149,10 @@ def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> np.ndarray | sp.c
         raise ValueError(
             f"counts must be (cells, {n_genes} genes) to match genes, got shape {matrix.shape}."
         )
-    if sp.issparse(matrix):
-        max_value = int(matrix.data.max()) if matrix.nnz else 0
-        nnz = matrix.nnz
-    else:
-        max_value = int(matrix.max()) if matrix.size else 0
-        nnz = int(np.count_nonzero(matrix))
-    dtype = np.int32 if max_value < 2**31 else np.int64
-    n_cells = matrix.shape[0]
-    index_bytes = 4 if max(n_genes, nnz) < 2**31 else 8
-    sparse_bytes = nnz * (np.dtype(dtype).itemsize + index_bytes) + (n_cells + 1) * 8
-    dense_bytes = n_cells * n_genes * np.dtype(dtype).itemsize
-    if sparse_bytes < dense_bytes:
-        csr = matrix if sp.issparse(matrix) else sp.csr_matrix(matrix)
-        csr.eliminate_zeros()
-        return sp.csr_matrix(csr, dtype=dtype)
-    dense = matrix.toarray() if sp.issparse(matrix) else matrix
-    return np.ascontiguousarray(dense, dtype=dtype)
+    csr = sp.csr_matrix(matrix)  # CSR at any size: one layout for scanpy and for appends
+    csr.eliminate_zeros()
+    max_value = int(csr.data.max()) if csr.nnz else 0
+    return sp.csr_matrix(csr, dtype=np.int32 if max_value < 2**31 else np.int64)
 
 
 def _obs_frame(obs: pd.DataFrame | Mapping[str, Any], *, n_cells: int) -> pd.DataFrame:
@@ -195,9 +183,7 @@ def _obs_frame(obs: pd.DataFrame | Mapping[str, Any], *, n_cells: int) -> pd.Dat
 def _writable_uns(value: Any) -> Any:
     """Convert a provenance value into types anndata can write to h5ad."""
     match value:
-        case None:
-            return "None"
-        case bool() | str():
+        case None | bool() | str():
             return value
         case int() | float():
             return value
@@ -219,6 +205,8 @@ def _writable_uns(value: Any) -> Any:
                 except ValueError:  # ragged: keep every element, keyed by position
                     return {str(i): v for i, v in enumerate(items)}
                 return array if array.dtype != object else {str(i): v for i, v in enumerate(items)}
+            if any(v is None for v in items):  # h5ad arrays hold no null: key by position
+                return {str(i): v for i, v in enumerate(items)}
             numeric = all(isinstance(v, int | float) for v in items)
             if not numeric and not all(isinstance(v, str) for v in items):
                 return [str(v) for v in items]  # mixed: h5ad stores a list with one dtype
@@ -284,8 +272,10 @@ class CellWriter:
         its last chunk, so many small ones would cost time that grows with the file."""
         if not self._buffer and "X" in self._file:
             return
-        csr = sp.vstack(self._buffer, format="csr", dtype=self.dtype) if self._buffer else (
-            sp.csr_matrix((0, len(self.genes)), dtype=self.dtype)
+        csr = (
+            sp.vstack(self._buffer, format="csr", dtype=self.dtype)
+            if self._buffer
+            else (sp.csr_matrix((0, len(self.genes)), dtype=self.dtype))
         )
         self._buffer, self._buffered_nnz = [], 0
         if "X" in self._file:

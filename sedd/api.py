@@ -78,9 +78,13 @@ def load(
 class Model:
     """A loaded model and its precision policy; every sampling method returns AnnData.
 
-    The AnnData holds integer counts (cells x the model's genes) in ``.X``, one ``obs`` row per
-    cell (its condition, its number within the condition, its cell type) and the provenance in
-    ``uns["sedd"]`` (sampler, steps, seed, precision record, checkpoint hash, timings).
+    The AnnData holds integer counts (CSR int32, cells x the model's genes) in ``.X``, one
+    ``obs`` row per cell and the provenance in ``uns["sedd"]`` (sampler, steps, seed, precision
+    record, checkpoint hash, timings). ``obs``: the label as ``condition`` and under the model's
+    training key (``bulk_labels`` for the bundled model; ``perturbation`` for perturbation
+    models), ``condition_idx``, ``sample_idx`` (number within the condition), ``cell_type`` (when
+    given), ``seed`` and ``cell_index`` (the cell's random stream). Cells are named
+    ``<run id>-<cell index>``, so runs with different seeds concatenate with unique names.
     """
 
     def __init__(

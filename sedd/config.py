@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "MIGRATIONS",
+    "RESERVED_OBS_COLUMNS",
     "SCHEMA_VERSION",
     "DDiTArch",
     "GeometricNoiseConfig",
     "GraphConfig",
+    "LabelKind",
     "LogLinearNoiseConfig",
     "ModelConfig",
     "NoiseConfig",
@@ -34,6 +36,9 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 Architecture = Literal["st3", "st3_perturbation", "ddit"]
+LabelKind = Literal["perturbation", "cell_type", "other"]
+# obs columns of generated cells besides the label's own; a model's label_key may not be one
+RESERVED_OBS_COLUMNS = ("condition_idx", "sample_idx", "cell_type", "seed", "cell_index")
 
 
 class _Strict(BaseModel):
@@ -166,6 +171,11 @@ class ModelConfig(_Strict):
     control_label: str | None = None
     perturbation_vectors: bool = False  # perturbation_vectors.safetensors holds name -> vector
     cell_types: list[str] | None = None  # cell_types[i] is cell-type index i
+    # The obs column the labels were trained from (the bundled model: "bulk_labels"); generated
+    # cells carry their label under it, and under the generic "condition".
+    label_key: str | None = None
+    # What the labels are: only a perturbation model's cells get an obs["perturbation"] column.
+    label_kind: LabelKind = "perturbation"
     provenance: Provenance = Field(default_factory=Provenance)
 
     @model_validator(mode="before")
@@ -222,6 +232,14 @@ class ModelConfig(_Strict):
             _check_names("perturbations", self.perturbations, self.num_perturbations)
         if self.cell_types is not None:
             _check_names("cell_types", self.cell_types, self.num_cell_types)
+        if self.label_key is not None and (
+            not self.label_key.strip() or self.label_key in RESERVED_OBS_COLUMNS
+        ):
+            raise ValueError(
+                f"`label_key` must be a non-empty obs column name other than "
+                f"{', '.join(RESERVED_OBS_COLUMNS)}, got {self.label_key!r}; use the "
+                "column the labels were trained from (or null)."
+            )
         vector_dim = getattr(self.arch, "precomputed_emb_dim", None)
         if self.perturbation_vectors and not vector_dim:
             raise ValueError(
@@ -237,6 +255,18 @@ class ModelConfig(_Strict):
             raise ValueError(
                 f"control_label {self.control_label!r} is not one of the perturbations."
             )
+
+    @property
+    def label_columns(self) -> list[str]:
+        """The obs columns that name a generated cell's label ([] for unconditional models):
+        ``condition`` (every conditional model), ``label_key`` (the training column) and
+        ``perturbation`` (perturbation models only)."""
+        if not self.num_perturbations:
+            return []
+        columns = ["condition", self.label_key or "", "perturbation"]
+        if self.label_kind != "perturbation":
+            columns.remove("perturbation")
+        return [c for c in dict.fromkeys(columns) if c]
 
     @property
     def num_genes(self) -> int:

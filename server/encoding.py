@@ -57,15 +57,23 @@ def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: s
 
 
 def _cell_labels(planned: PlannedJob) -> list[CellLabels]:
-    records = planned.cells.to_dict(orient="records")
+    """Each cell's labels as the .h5ad's obs has them: ``condition`` (and ``perturbation`` for
+    perturbation models), its number within the condition, cell type, seed, stream and name."""
+    cells = planned.cells
+    records = cells.to_dict(orient="records")
     return [
         CellLabels(
-            perturbation=row.get("perturbation"),
+            **{key: row[key] for key in _LABEL_FIELDS if key in row},
             sample_idx=int(row["sample_idx"]),
-            cell_type=row.get("cell_type"),
+            seed=int(row["seed"]),
+            cell_index=int(row["cell_index"]),
+            name=str(name),
         )
-        for row in records
+        for name, row in zip(cells.index, records, strict=True)
     ]
+
+
+_LABEL_FIELDS = ("condition", "perturbation", "cell_type")
 
 
 def generate_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
@@ -93,7 +101,7 @@ def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id
 def predict_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
     """Cells grouped by perturbation, with per-gene means and the shift versus control."""
     counts = counts_of(service, result)
-    names = planned.cells["perturbation"].to_numpy()
+    names = planned.cells["condition"].to_numpy()
     order = list(dict.fromkeys(names.tolist()))  # request order, control last
     groups = {name: counts[names == name] for name in order}
     means = {name: group.mean(axis=0) for name, group in groups.items()}  # (G,) float64
@@ -134,7 +142,12 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
             "compute_seconds": finite_or_zero(result.compute_seconds),
             "forwards": int(result.forwards),
         },
-        extra={"route": route, "observed_genes": list(planned.observed_genes)},
+        extra={
+            "route": route,
+            "observed_genes": list(planned.observed_genes),
+            "genes_by_position": service.loaded.config.genes_by_position,
+            "label_key": service.loaded.config.label_key,
+        },
     )
     counts = counts_of(service, result)
     with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:

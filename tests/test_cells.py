@@ -246,7 +246,7 @@ def provenance() -> dict:
         precision_record={"amp_dtype": "bf16", "device": "cpu", "tf32": False, "note": None},
         checkpoint_hash="sha256:abc123",
         timings={"total_s": np.float32(1.25), "per_step_s": (0.1, 0.2)},
-        extra={"num_bins": np.int64(7), "labels": ["T", "B"]},
+        extra={"num_bins": np.int64(7), "labels": ["T", "B"], "cell_types": ["T", None]},
     )
 
 
@@ -272,27 +272,34 @@ def test_write_cells_h5ad_round_trips_genes_obs_and_provenance(tmp_path: Path) -
     sedd = back.uns["sedd"]
     assert sedd["sampler"] == "euler" and sedd["steps"] == 16 and sedd["seed"] == 3
     assert sedd["precision"]["amp_dtype"] == "bf16"
-    assert sedd["precision"]["note"] == "None"
+    assert sedd["precision"]["note"] is None  # a real null, not the string "None"
     assert bool(sedd["precision"]["tf32"]) is False
     assert sedd["timings"]["total_s"] == pytest.approx(1.25)
     assert list(sedd["timings"]["per_step_s"]) == pytest.approx([0.1, 0.2])
     assert sedd["num_bins"] == 7
+    assert sedd["cell_types"] == {"0": "T", "1": None}  # a list holding null, keyed by position
     assert sedd["versions"]["torch"] == importlib.metadata.version("torch")
     assert sedd["versions"]["sedd"] == importlib.metadata.version("sedd")
     assert sedd["created_utc"].endswith("+00:00")
     assert socket.gethostname() not in repr(back.uns)
 
 
-def test_write_cells_h5ad_picks_sparse_for_sparse_and_dense_for_dense(tmp_path: Path) -> None:
-    sparse_counts = np.zeros((40, 5), dtype=np.int64)
-    sparse_counts[::7, 1] = 3
-    dense_counts = small_counts() + 1  # no zeros
-    write_cells_h5ad(tmp_path / "s.h5ad", sparse_counts, GENES, {}, {})
-    write_cells_h5ad(tmp_path / "d.h5ad", sp.csr_matrix(dense_counts), GENES, {}, {})
-    assert sp.issparse(anndata.read_h5ad(tmp_path / "s.h5ad").X)
-    dense = anndata.read_h5ad(tmp_path / "d.h5ad").X
-    assert isinstance(dense, np.ndarray)
-    np.testing.assert_array_equal(dense, dense_counts)
+@pytest.mark.parametrize("num_genes", [5, 64, 765])
+def test_write_cells_h5ad_writes_csr_int32_at_any_gene_count_and_density(
+    tmp_path: Path, num_genes: int
+) -> None:
+    rng = np.random.default_rng(num_genes)
+    sparse_counts = rng.integers(0, 4, size=(40, num_genes)) * (rng.random((40, num_genes)) < 0.1)
+    dense_counts = rng.integers(1, 9, size=(6, num_genes))  # no zeros: dense would be smaller
+    genes = [f"g{i}" for i in range(num_genes)]
+    for name, counts in (("s", sparse_counts), ("d", sp.csr_matrix(dense_counts))):
+        back = anndata.read_h5ad(write_cells_h5ad(tmp_path / f"{name}.h5ad", counts, genes, {}, {}))
+        assert isinstance(back.X, sp.csr_matrix) and back.X.dtype == np.int32
+        np.testing.assert_array_equal(back.X.toarray(), dense(counts))
+
+
+def dense(counts: np.ndarray | sp.csr_matrix) -> np.ndarray:
+    return counts.toarray() if sp.issparse(counts) else counts
 
 
 def test_write_cells_h5ad_rejects_mismatched_genes_and_non_counts(tmp_path: Path) -> None:

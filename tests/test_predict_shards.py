@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anndata
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 
@@ -98,8 +99,12 @@ def test_predict_writes_gene_named_cells_control_first_with_summary_and_metrics(
     assert (
         list(adata.obs["perturbation"]) == ["non-targeting"] * 3 + ["GENE_A"] * 3 + ["GENE_B"] * 3
     )
-    assert list(adata.obs["perturbation_idx"]) == [0] * 3 + [1] * 3 + [2] * 3
+    # a perturbation model: the label as `perturbation`, `condition` and st3's --gene column
+    assert list(adata.obs["condition"]) == list(adata.obs["perturbation"])
+    assert list(adata.obs["gene"]) == list(adata.obs["perturbation"])
+    assert list(adata.obs["condition_idx"]) == [0] * 3 + [1] * 3 + [2] * 3
     assert list(adata.obs["sample_idx"]) == [0, 1, 2] * 3
+    assert list(adata.obs["cell_index"]) == list(range(9)) and set(adata.obs["seed"]) == {7}
     assert adata.uns["sedd"]["precision"]["amp_dtype"] == "fp32"
     metrics = json.loads(reference.with_suffix(".metrics.json").read_text())
     # 2 batches (5 + 4 cells) fit one 128-row forward block: they run in lockstep, so
@@ -366,7 +371,9 @@ def test_generate_shards_too_even_more_shards_than_cells(model: Path, tmp_path: 
     assert main(["merge", out_dir, "--out", str(tmp_path / "m.h5ad")]) == 0
     one, merged = anndata.read_h5ad(tmp_path / "one.h5ad"), anndata.read_h5ad(tmp_path / "m.h5ad")
     assert np.array_equal(_dense(one), _dense(merged))
-    assert list(merged.obs_names) == ["cell_0", "cell_1"]
+    assert list(merged.obs_names) == list(one.obs_names)  # named by request, not by shard
+    assert [name.split("-")[1] for name in merged.obs_names] == ["0", "1"]
+    pd.testing.assert_frame_equal(merged.obs, one.obs)
 
 
 def test_predict_cell_type_on_a_vector_conditioned_model(tmp_path: Path) -> None:
@@ -379,4 +386,4 @@ def test_predict_cell_type_on_a_vector_conditioned_model(tmp_path: Path) -> None
         assert main(argv) == 0
     obs = anndata.read_h5ad(out).obs
     assert list(obs["perturbation"]) == ["non-targeting", "GENE_B"]
-    assert list(obs["cell_type"]) == ["rpe1", "rpe1"] and list(obs["perturbation_idx"]) == [0, 2]
+    assert list(obs["cell_type"]) == ["rpe1", "rpe1"] and list(obs["condition_idx"]) == [0, 2]

@@ -71,7 +71,7 @@ def test_conditional_script_takes_st3_flags_and_writes_where_st3_does(
     out = exp / "inference_results" / "generated_cells.h5ad"
     adata = anndata.read_h5ad(out)
     assert list(adata.obs["perturbation"]) == ["non-targeting", "GENE_B", "GENE_A"]
-    assert list(adata.obs["perturbation_idx"]) == [0, 2, 1]
+    assert list(adata.obs["condition_idx"]) == [0, 2, 1]
     assert adata.n_vars == 64
     record = adata.uns["sedd"]
     assert record["steps"] == 2 and record["seed"] == 3 and record["temperature"] == 0.9

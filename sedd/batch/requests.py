@@ -9,9 +9,12 @@ that ran it. ``imputation_from_counts`` turns observed counts into the tokens im
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -133,7 +136,13 @@ class GenerationRequest:
 
 
 def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
-    """One row per cell to generate: condition name, index and cell type, in cell order."""
+    """One row per cell to generate, in cell order, named ``<run id>-<cell index>``.
+
+    Columns: the label under each of ``config.label_columns`` (conditional models: ``condition``,
+    the training key such as ``bulk_labels``, ``perturbation`` for perturbation models),
+    ``condition_idx``, ``sample_idx`` (the cell's number within its condition), ``cell_type``
+    (when one is given), ``seed`` and ``cell_index``: the cell draws from stream (seed, cell_index).
+    """
     known = known_perturbations(loaded)
     conditional = loaded.config.num_perturbations > 0
     if conditional and not request.conditions:
@@ -145,31 +154,42 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         raise ValueError(
             f"this model is unconditional: `conditions` must be empty, got {request.conditions}."
         )
-    conditions = list(request.conditions) if conditional else [None]
+    conditions = list(request.conditions or ())
     for name in conditions:
-        if name is not None:
-            loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
+        loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
     if request.cell_type is not None:
         loaded.cell_type_index(request.cell_type)
     n = request.cells_per_condition
-    rows = [
-        {"perturbation": name, "sample_idx": j, "cell_type": request.cell_type}
-        for name in conditions
-        for j in range(n)
-    ]
-    plan = pd.DataFrame(rows)
-    if conditional:  # a condition may be listed more than once: number its cells on
-        plan["sample_idx"] = plan.groupby("perturbation", sort=False).cumcount()
-    if not conditional:
-        plan = plan.drop(columns="perturbation")
+    cell_index = np.arange(n * max(len(conditions), 1))
+    plan = pd.DataFrame(index=[f"{run_id(loaded, request)}-{i}" for i in cell_index])
+    if conditional:
+        names = pd.Series(np.repeat(conditions, n), index=plan.index)
+        for column in loaded.config.label_columns:
+            plan[column] = names
+        plan["condition_idx"] = [known.index(p) if p in known else -1 for p in names]
+        # a condition may be listed more than once: number its cells on
+        plan["sample_idx"] = names.groupby(names, sort=False).cumcount()
     else:
-        plan["perturbation_idx"] = [
-            known.index(p) if p in known else -1 for p in plan["perturbation"]
-        ]
-    if request.cell_type is None:
-        plan = plan.drop(columns="cell_type")
-    plan.index = [f"cell_{i}" for i in range(len(plan))]
+        plan["sample_idx"] = cell_index
+    if request.cell_type is not None:
+        plan["cell_type"] = request.cell_type
+    plan["seed"] = request.seed
+    plan["cell_index"] = cell_index
     return plan
+
+
+def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
+    """8 hex digits naming a request's cells: the same for the same model and request (its
+    batch size and forward block aside, which never change a cell), different for another seed,
+    condition list, cell type, sampler setting or imputed input."""
+    identity = request.record()
+    for key in ("batch_size", "tokens_per_forward"):
+        identity.pop(key)
+    identity["model_sha256"] = loaded.file_hash
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+    if request.imputation is not None:
+        digest.update(request.imputation.x_init.numpy().tobytes())
+    return digest.hexdigest()[:8]
 
 
 def plan_labels(
@@ -177,9 +197,7 @@ def plan_labels(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(perturbation labels, cell-type labels) of a ``cell_plan`` slice, each (N,) or None, on
     ``device`` (default: the model's). The engine takes them on the CPU (``job_for``)."""
-    labels = (
-        loaded.perturbation_labels(list(plan["perturbation"])) if "perturbation" in plan else None
-    )
+    labels = loaded.perturbation_labels(list(plan["condition"])) if "condition" in plan else None
     cell_types = loaded.cell_type_labels(list(plan["cell_type"])) if "cell_type" in plan else None
     if device is None:
         return labels, cell_types

@@ -10,6 +10,7 @@ result's ``stats``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ def generate(
     """
     request.validate()
     plan = cell_plan(loaded, request)
+    if loaded.config.genes_by_position:
+        warnings.warn(positional_genes_warning(loaded), PositionalGenesWarning, stacklevel=2)
     cells = cell_range if cell_range is not None else range(len(plan))
     if cells.start < 0 or cells.stop > len(plan):
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
@@ -97,6 +100,20 @@ def generate(
         list(loaded.config.genes),
         plan.iloc[cells.start : cells.stop],
         stats,
+    )
+
+
+class PositionalGenesWarning(UserWarning):
+    """The model's genes have no names: the output's var_names are positions."""
+
+
+def positional_genes_warning(loaded: LoadedModel) -> str:
+    last = loaded.config.num_genes - 1
+    return (
+        f"GENES ARE POSITIONAL: {loaded.path} has no gene names, so the cells' var_names are "
+        f"'0'..'{last}', not genes; scanpy, cell-eval and any gene lookup will be wrong. Pass "
+        "--genes FILE (one name a line, or an .h5ad whose var_names are used; job scripts: "
+        "GENES_FILE=FILE; Python: sedd.load(..., genes=FILE))."
     )
 
 
@@ -141,7 +158,13 @@ def run_provenance(
         precision_record=precision.record(int(stats.get("fp32_fallbacks") or 0)),
         checkpoint_hash=loaded.file_hash,
         timings=stats,
-        extra={"model": str(loaded.path), "request": request.record(), **(extra or {})},
+        extra={
+            "model": str(loaded.path),
+            "request": request.record(),
+            "genes_by_position": loaded.config.genes_by_position,
+            "label_key": loaded.config.label_key,
+            **(extra or {}),
+        },
     )
 
 

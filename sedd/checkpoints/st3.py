@@ -36,6 +36,7 @@ from sedd.checkpoints.labels import (
 )
 from sedd.checkpoints.loaded import SourceParts
 from sedd.config import (
+    RESERVED_OBS_COLUMNS,
     GraphConfig,
     LogLinearNoiseConfig,
     ModelConfig,
@@ -230,6 +231,8 @@ def _st3_config(
         genes_by_position=True,
         control_label=args.get("control_name") if perturbation_model else None,
         cell_types=cell_types,
+        label_key=_label_key(args) if perturbation_model else None,
+        label_kind="perturbation",
         provenance=Provenance(
             source=str(exp_dir),
             source_format="st3",
@@ -240,6 +243,14 @@ def _st3_config(
             training_args=args,
         ),
     )
+
+
+def _label_key(args: dict[str, Any]) -> str | None:
+    """The obs column st3's perturbation training read the labels from (its ``--gene``)."""
+    key = args.get("gene")
+    if not isinstance(key, str) or not key.strip() or key in RESERVED_OBS_COLUMNS:
+        return None
+    return key
 
 
 def _read_args(args_file: Path) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def perturbseq_metrics(
         gen.X,
         reference.genes,
         real_conditions=reference.cell_labels,
-        gen_conditions=gen.obs["perturbation"].astype(str).to_numpy(),
+        gen_conditions=generated_conditions(gen, generated),
         n_pcs=n_pcs,
         seed=seed,
         pca_fit_counts=reference.rest_counts,
@@ -128,3 +128,15 @@ def perturbseq_metrics(
         **reference.describe(),
         **result,
     }
+
+
+def generated_conditions(gen: anndata.AnnData, path: Path) -> np.ndarray:
+    """Each generated cell's label: ``obs["condition"]`` (or ``perturbation`` in files written
+    before the label was also stored as ``condition``)."""
+    for key in ("condition", "perturbation"):
+        if key in gen.obs.columns:
+            return gen.obs[key].astype(str).to_numpy()
+    raise ValueError(
+        f"{path} has no obs['condition'] column (obs columns: {list(gen.obs.columns)}); pass a "
+        "file written by sedd generate/predict."
+    )
