@@ -29,6 +29,9 @@ def model_card_dict(loaded: LoadedModel) -> dict[str, Any]:
         "control_label": config.control_label,
         "perturbation_vector_names": None if vectors is None else list(vectors),
         "cell_types": config.cell_types,
+        "label_key": config.label_key,
+        "label_kind": config.label_kind,
+        "label_columns": config.label_columns,
         "provenance": config.provenance.model_dump(exclude={"training_args"}),
         "schema_version": config.schema_version,
     }
@@ -69,6 +72,9 @@ def model_card(loaded: LoadedModel) -> str:
         text = f"{len(names)}: {_preview(names)}" if names else "indices only (no names)"
         rows.append(("perturbations", text))
         rows.append(("control label", str(config.control_label)))
+        rows.append(
+            ("labels", f"{config.label_kind}s, in obs as {', '.join(config.label_columns)}")
+        )
         if loaded.perturbation_vectors is not None:
             vec_names = list(loaded.perturbation_vectors)
             dim = next(iter(loaded.perturbation_vectors.values())).shape[0]

@@ -96,6 +96,8 @@ class EvaluationArrays:
     real_pcs: np.ndarray  # (n_real_pairwise, P) real-fitted PCA scores
     gen_pcs: np.ndarray  # (n_gen_pairwise, P)
     explained_variance_ratio: np.ndarray  # (P,)
+    real_pc_labels: np.ndarray | None = None  # (n_real_pairwise,) condition of each real_pcs row
+    gen_pc_labels: np.ndarray | None = None  # (n_gen_pairwise,)
 
 
 def _subsample(n: int, max_cells: int, rng: np.random.Generator) -> np.ndarray:
@@ -128,12 +130,14 @@ def _evaluate_group(
     if pca is None:
         return metrics, None
     rng = np.random.default_rng(seed)
-    real_pcs = pca.transform(real_log[_subsample(len(real), max_cells, rng)])  # (n, P)
-    gen_pcs = pca.transform(gen_log[_subsample(len(gen), max_cells, rng)])  # (m, P)
+    real_rows = _subsample(len(real), max_cells, rng)  # the same draws as before, in order
+    gen_rows = _subsample(len(gen), max_cells, rng)
+    real_pcs = pca.transform(real_log[real_rows])  # (n, P)
+    gen_pcs = pca.transform(gen_log[gen_rows])  # (m, P)
     metrics |= {"n_pcs": int(pca.n_components_), "pairwise_n_real": len(real_pcs)}
     metrics["pairwise_n_gen"] = len(gen_pcs)
     metrics |= distribution_metrics(real_pcs, gen_pcs, seed)
-    return metrics, (genes, real_corr, gen_corr, real_pcs, gen_pcs)
+    return metrics, (genes, real_corr, gen_corr, real_pcs, gen_pcs, real_rows, gen_rows)
 
 
 def _labels(conditions: Sequence | None, n_cells: int, name: str) -> np.ndarray | None:
@@ -212,10 +216,17 @@ def _params(n_genes: int, *, n_pcs: int, max_cells: int, seed: int, top_k: int) 
 
 
 def _evaluation_arrays(
-    views: tuple, real_log: np.ndarray, gen_log: np.ndarray, genes: list[str], pca: PCA
+    views: tuple,
+    real_log: np.ndarray,
+    gen_log: np.ndarray,
+    genes: list[str],
+    pca: PCA,
+    labels: tuple[np.ndarray | None, np.ndarray | None],
 ) -> EvaluationArrays:
-    """The overall comparison's arrays for plots, from ``_evaluate_group``'s views."""
-    corr_idx, real_corr, gen_corr, real_pcs, gen_pcs = views
+    """The overall comparison's arrays for plots, from ``_evaluate_group``'s views; ``labels``:
+    the conditions of the compared real and generated cells (None without labels)."""
+    corr_idx, real_corr, gen_corr, real_pcs, gen_pcs, real_rows, gen_rows = views
+    real_labels, gen_labels = labels
     return EvaluationArrays(
         real_gene_means=real_log.mean(axis=0),
         gen_gene_means=gen_log.mean(axis=0),
@@ -225,6 +236,8 @@ def _evaluation_arrays(
         real_pcs=real_pcs,
         gen_pcs=gen_pcs,
         explained_variance_ratio=pca.explained_variance_ratio_,
+        real_pc_labels=None if real_labels is None else real_labels[real_rows],
+        gen_pc_labels=None if gen_labels is None else gen_labels[gen_rows],
     )
 
 
@@ -370,6 +383,12 @@ def evaluate_counts_with_arrays(
         per_condition |= _one_sided_conditions(real_labels, gen_labels)
     arrays = None
     if views is not None and pca is not None:
-        arrays = _evaluation_arrays(views, real_log[real_keep], gen_log[gen_keep], genes, pca)
+        compared = (
+            None if real_labels is None else real_labels[real_keep],
+            None if gen_labels is None else gen_labels[gen_keep],
+        )
+        arrays = _evaluation_arrays(
+            views, real_log[real_keep], gen_log[gen_keep], genes, pca, compared
+        )
     result = {"overall": overall, "per_condition": per_condition, "params": params}
     return _json_ready(result), arrays
