@@ -4,6 +4,11 @@
 # st3's environment variables (EXPERIMENT_DIR required):
 #   EXPERIMENT_DIR   model: st3 experiment dir (args.json + best.pt ...) or native model dir
 #   CHECKPOINT       file inside it (st3: best.pt / final.pt / epoch_N.pt; default: best)
+#   GENES_FILE       gene names in model order, one a line, or an .h5ad whose var_names
+#                    are used (default: genes.txt in EXPERIMENT_DIR; st3 stores no names,
+#                    so without either genes are "0".."G-1" and sedd warns loudly)
+#   PERTURBATION_MAP label name -> index file of an st3 perturbation model (JSON or one
+#                    name a line; default: the names files in EXPERIMENT_DIR)
 #   NUM_GENERATE     cells to generate (per condition for conditional models)   (default 1000)
 #   CELL_TYPE        condition every cell on this cell type                     (default: none)
 #   NUM_STEPS        reverse diffusion steps                                    (default 50)
@@ -29,6 +34,8 @@ cmd=("$(sedd_executable)" generate --model "$EXPERIMENT_DIR" --cells "${NUM_GENE
   --steps "${NUM_STEPS:-50}" --temperature "${TEMPERATURE:-1.0}" --seed "${SEED:-0}"
   --precision "${PRECISION:-auto}" --batch-size "${BATCH_SIZE:-64}" --out-dir "$OUTPUT_DIR")
 [[ -z ${CHECKPOINT:-} ]] || cmd+=(--checkpoint "$CHECKPOINT")
+[[ -z ${GENES_FILE:-} ]] || cmd+=(--genes "$GENES_FILE")
+[[ -z ${PERTURBATION_MAP:-} ]] || cmd+=(--perturbation-map "$PERTURBATION_MAP")
 [[ -z ${CELL_TYPE:-} ]] || cmd+=(--cell-type "$CELL_TYPE")
 
 echo "$(date -Is) $(hostname -s): ${cmd[*]}"

@@ -66,8 +66,12 @@ async def test_api_cli_and_server_give_the_same_cells_for_the_same_request(
     np.testing.assert_array_equal(dense(api.X), dense(from_server.X))
     assert dense(api.X).max() < NUM_BINS and dense(api.X).sum() > 0
     assert list(api.var_names) == GENES
-    assert list(api.obs["perturbation"]) == ["KRAS"] * 3
+    assert list(api.obs["perturbation"]) == ["KRAS"] * 3 == list(api.obs["condition"])
     assert list(api.obs["cell_type"]) == ["B"] * 3
+    # the same cells get the same names and obs (seed, stream, ...) on every path
+    pd.testing.assert_frame_equal(from_cli.obs, api.obs)
+    pd.testing.assert_frame_equal(from_server.obs, api.obs)
+    assert list(api.obs["cell_index"]) == [0, 1, 2] and list(api.obs["seed"]) == [5] * 3
     assert api.uns["sedd"]["seed"] == 5 and api.uns["sedd"]["steps"] == 4
 
 

@@ -40,14 +40,14 @@ def test_conditional_output_is_accepted_by_cell_eval(tmp_path):
         tmp_path / "pred.h5ad",
         result.counts,
         result.genes,
-        result.obs[["perturbation"]],
+        result.obs,  # as written: bulk_labels, condition, seed, cell_index, ...
         {},
         count_dtype="float32",
     )
     real = read_counts(DATA)[:, list(loaded.config.genes)]
     real = real[real.obs["split"] == "test"]
     obs = pd.DataFrame(
-        {"perturbation": real.obs["bulk_labels"].astype(str).to_numpy()}, index=real.obs_names
+        {"bulk_labels": real.obs["bulk_labels"].astype(str).to_numpy()}, index=real.obs_names
     )
     real_path = write_cells_h5ad(
         tmp_path / "real.h5ad", real.X, result.genes, obs, {}, count_dtype="float32"
@@ -63,7 +63,7 @@ def test_conditional_output_is_accepted_by_cell_eval(tmp_path):
         "--control-pert",
         control,
         "--pert-col",
-        "perturbation",
+        "bulk_labels",  # the model's training key, as the generated file has it
         "--profile",
         "minimal",
         "--num-threads",

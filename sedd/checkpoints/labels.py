@@ -183,7 +183,7 @@ def with_label_files(
         notes.append(
             f"no gene list for {parts.weights_file}: genes are named by position "
             f"('0'..'{config.num_genes - 1}'). Pass --genes FILE (one name a line, or an h5ad "
-            "whose var_names are used) to name them."
+            "whose var_names are used; job scripts: GENES_FILE=FILE) to name them."
         )
     vector_dim = getattr(config.arch, "precomputed_emb_dim", None)
     if (perturbations is not None or vectors is not None) and not config.num_perturbations:
