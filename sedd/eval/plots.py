@@ -173,25 +173,28 @@ def correlation_figure(
         ("generated", gen_corr, 1.0),
         ("generated - real", diff, diff_scale),
     )
-    for ax, (title, matrix, scale) in zip(axes, panels, strict=True):
+    for k, (ax, (title, matrix, scale)) in enumerate(zip(axes, panels, strict=True)):
         image = ax.imshow(matrix, cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest")
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
         ax.set_title(f"{title} ({len(matrix)} most variable real genes)", fontsize=10)
         if genes is not None:
-            _gene_ticks(ax, [str(genes[i]) for i in order])
+            # the panels share one gene order: names on every x axis, on the first y axis only
+            # (elsewhere they would run into the colour bar on their left)
+            _gene_ticks(ax, [str(genes[i]) for i in order], name_rows=k == 0)
         else:
             ax.set_xticks([])
             ax.set_yticks([])
     return fig
 
 
-def _gene_ticks(ax: Axes, names: list[str]) -> None:
-    """Gene names on both axes: every gene up to MAX_LABELLED_GENES, else every k-th one so that
-    at most that many stay readable."""
+def _gene_ticks(ax: Axes, names: list[str], *, name_rows: bool = True) -> None:
+    """Gene names on the axes: every gene up to MAX_LABELLED_GENES, else every k-th one so that
+    at most that many stay readable; ``name_rows=False`` keeps the y ticks unnamed."""
     step = max(1, -(-len(names) // MAX_LABELLED_GENES))  # ceil
     ticks = list(range(0, len(names), step))
-    ax.set_xticks(ticks, [names[i] for i in ticks], rotation=90, fontsize=6)
-    ax.set_yticks(ticks, [names[i] for i in ticks], fontsize=6)
+    shown = [names[i] for i in ticks]
+    ax.set_xticks(ticks, shown, rotation=90, fontsize=6)
+    ax.set_yticks(ticks, shown if name_rows else [""] * len(ticks), fontsize=6)
     if step > 1:
         ax.set_xlabel(f"one gene in {step} named", fontsize=7)
 
