@@ -161,9 +161,15 @@ class ResponseMetadata(BaseModel):
 
 
 class CellLabels(BaseModel):
-    perturbation: str | None = None
-    sample_idx: int
+    """One cell's row of the .h5ad's obs: the same names and values as ``sedd generate`` writes."""
+
+    name: str = Field(description="the cell's obs name: <run id>-<cell index>")
+    condition: str | None = Field(None, description="the model's label (cell type or perturbation)")
+    perturbation: str | None = Field(None, description="the label again, for perturbation models")
+    sample_idx: int = Field(description="the cell's number within its condition")
     cell_type: str | None = None
+    seed: int = Field(description="the request's seed; with cell_index it fixes the cell")
+    cell_index: int = Field(description="the cell's random stream: cell i draws from (seed, i)")
 
 
 class GenerateResponse(BaseModel):

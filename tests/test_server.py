@@ -94,9 +94,20 @@ async def test_generate_equals_a_solo_library_run_and_reports_metadata(model_dir
     )
     assert data["genes"] == GENES
     np.testing.assert_array_equal(np.array(data["counts"]), expected)
+    names = [cell.pop("name") for cell in data["cells"]]
     assert data["cells"] == [
-        {"perturbation": "KRAS", "sample_idx": i, "cell_type": "B"} for i in range(3)
+        {
+            "condition": "KRAS",
+            "perturbation": "KRAS",
+            "sample_idx": i,
+            "cell_type": "B",
+            "seed": 7,
+            "cell_index": i,
+        }
+        for i in range(3)
     ]
+    run_id = names[0].rsplit("-", 1)[0]
+    assert names == [f"{run_id}-{i}" for i in range(3)] and run_id
     meta = data["metadata"]
     assert {k: meta[k] for k in ("seed", "steps", "sampler", "temperature", "forwards")} == {
         "seed": 7,

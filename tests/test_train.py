@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from pydantic import ValidationError
 
 from sedd.checkpoints import load_checkpoint
 from sedd.commands import train as train_command
@@ -23,7 +24,13 @@ from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
 from sedd.precision import PrecisionError
 from sedd.samplers import EulerSampler
-from sedd.train.config import TrainConfig, load_train_config, lr_factor
+from sedd.train.config import (
+    TrainConfig,
+    TrainingData,
+    load_train_config,
+    lr_factor,
+    model_config,
+)
 from sedd.train.trainer import STATE_FILE, Trainer, elbo_weight, forward_logits, loss_terms
 
 N_CELLS, N_GENES = 30, 10
@@ -260,6 +267,8 @@ def test_saved_model_loads_with_genes_labels_and_provenance(tmp_path, data_file)
     assert cfg.architecture == "st3_perturbation"
     assert cfg.genes == [f"gene{i}" for i in range(N_GENES)]
     assert cfg.perturbations == sorted(LABELS) and cfg.control_label == "beta"
+    # generated cells carry the label under the column it was trained from
+    assert (cfg.label_key, cfg.label_kind) == ("group", "cell_type")
     assert (cfg.tokens.num_bins, cfg.tokens.mask_index, cfg.graph.dim) == (18, 18, 19)
     assert cfg.noise.eps == 1e-3
     assert cfg.provenance.training_command == "sedd train --config x.json"
@@ -277,6 +286,21 @@ def test_saved_model_loads_with_genes_labels_and_provenance(tmp_path, data_file)
     tokens = sampler.sample(2, steps=3, seed=0, labels=labels)
     assert tokens.shape == (2, N_GENES)
     assert int(tokens.min()) >= 0 and int(tokens.max()) < cfg.tokens.num_bins
+
+
+def test_the_model_config_records_the_label_key_and_kind_unless_the_key_is_reserved():
+    tokens = torch.zeros(2, 3, dtype=torch.long)
+    data = TrainingData(tokens, None, None, None, ["a", "b", "c"], ["x", "y"], 4, "0" * 64)
+    perturb = TrainConfig(condition_key="guide", label_kind="perturbation")
+    cfg = model_config(perturb, data)
+    assert (cfg.label_key, cfg.label_kind) == ("guide", "perturbation")
+    assert cfg.label_columns == ["condition", "guide", "perturbation"]
+    # "cell_type" is already a column of generated cells: the label stays under "condition"
+    assert model_config(TrainConfig(condition_key="cell_type"), data).label_key is None
+    unconditional = TrainingData(tokens, None, None, None, ["a", "b", "c"], None, 4, "0" * 64)
+    assert model_config(perturb, unconditional).label_key is None
+    with pytest.raises(ValidationError, match="label_kind"):
+        TrainConfig.model_validate({"label_kind": "drug"})
 
 
 def test_control_label_must_be_one_of_the_labels(tmp_path, data_file):

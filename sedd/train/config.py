@@ -32,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sedd.anndata_io import read_counts
 from sedd.cells import CountClipWarning, counts_to_tokens
 from sedd.config import (
+    RESERVED_OBS_COLUMNS,
     GraphConfig,
+    LabelKind,
     LogLinearNoiseConfig,
     ModelConfig,
     Provenance,
@@ -100,6 +102,8 @@ class TrainConfig(_Strict):
     layer: str | None = None  # read counts from this layer instead of .X
     recover: Literal["pbmc"] | None = None  # rebuild counts from log1p .raw.X (read_counts)
     condition_key: str | None = "bulk_labels"  # obs column of labels; None: unconditional
+    # what the labels are; recorded in the model config with condition_key as its label_key
+    label_kind: LabelKind = "cell_type"
     control_label: str | None = None  # recorded in the model config; must be one of the labels
     split_key: str | None = "split"  # obs column that selects cells; None: train on every cell
     train_split: str = "train"
@@ -327,6 +331,13 @@ def model_config(
         genes=data.genes,
         perturbations=data.label_names,
         control_label=config.control_label if conditional else None,
+        # a key such as "condition" is already a column of generated cells: no second copy
+        label_key=(
+            config.condition_key
+            if conditional and config.condition_key not in RESERVED_OBS_COLUMNS
+            else None
+        ),
+        label_kind=config.label_kind,
         provenance=Provenance(
             source=config.data,
             source_format="sedd_train",
