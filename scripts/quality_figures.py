@@ -98,6 +98,7 @@ def main() -> int:
         return result.counts
 
     print(f"generating {len(labels)} cells per variant ({args.steps} steps) ...")
+
     def seeded(name: str, seed: int) -> str:
         return name if seed == 0 else f"{name}_seed{seed}"
 

@@ -30,6 +30,7 @@ from sedd.batch.impute import imputation_from_anndata
 from sedd.batch.requests import GenerationRequest, Imputation, cell_plan
 from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
+from sedd.defaults import TimeGrid, resolve_schedule
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.sampling import Predictor
 
@@ -134,7 +135,8 @@ class Model:
         *,
         condition: str | Sequence[str] | None = None,
         cell_type: str | None = None,
-        steps: int = 50,
+        steps: int | None = None,
+        time_grid: TimeGrid | None = None,
         sampler: Predictor = "euler",
         temperature: float = 1.0,
         seed: int = 0,
@@ -143,6 +145,9 @@ class Model:
     ) -> anndata.AnnData:
         """``num_cells`` cells per condition.
 
+        ``steps`` and ``time_grid`` left out give the library's default schedule; ``steps``
+        alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``.
+
         ``condition``: a name or a list of names (conditional models only); ``None`` means every
         condition the model knows. Same cells as ``sedd generate --conditions ... --cells N
         --seed S`` and the server's ``/generate`` for the same parameters.
@@ -150,7 +155,9 @@ class Model:
         names = [condition] if isinstance(condition, str) else condition
         if names is None and self.loaded.config.num_perturbations:
             names = self.conditions
-        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        sampling = _Sampling(
+            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
+        )
         return self._run(self._request(num_cells, names, cell_type, sampling), progress)
 
     def predict(
@@ -161,7 +168,8 @@ class Model:
         include_control: bool = True,
         control: str | None = None,
         cell_type: str | None = None,
-        steps: int = 50,
+        steps: int | None = None,
+        time_grid: TimeGrid | None = None,
         sampler: Predictor = "euler",
         temperature: float = 1.0,
         seed: int = 0,
@@ -175,7 +183,9 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        sampling = _Sampling(
+            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
+        )
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress)
 
@@ -186,7 +196,8 @@ class Model:
         layer: str | None = None,
         condition: str | None = None,
         cell_type: str | None = None,
-        steps: int = 50,
+        steps: int | None = None,
+        time_grid: TimeGrid | None = None,
         sampler: Predictor = "euler",
         temperature: float = 1.0,
         seed: int = 0,
@@ -211,7 +222,9 @@ class Model:
                 UserWarning,
                 stacklevel=2,
             )
-        sampling = _Sampling(steps, sampler, temperature, seed, batch_size)
+        sampling = _Sampling(
+            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
+        )
         conditions = self._one_condition(condition)
         request = self._request(
             given.imputation.num_cells, conditions, cell_type, sampling, given.imputation
@@ -274,6 +287,7 @@ class _Sampling:
     """The sampling settings every ``Model`` method takes."""
 
     steps: int
+    grid: str
     sampler: Predictor
     temperature: float
     seed: int

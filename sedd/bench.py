@@ -73,8 +73,8 @@ class _ForwardCounter:
     def __init__(self) -> None:
         self.forwards = 0
 
-    def on_forward(self, rows: int, seconds: float) -> None:
-        self.forwards += 1
+    def on_forward(self, rows: int, seconds: float, calls: int = 1) -> None:
+        self.forwards += calls
 
     def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
         return None
@@ -130,9 +130,7 @@ def run_case(
     model = model.eval().to(device)
     noise, graph = LogLinearNoise(), AbsorbingGraph(num_bins)
     policies = {name: resolve_precision(name, device) for name in precisions}
-    samplers = {
-        name: Sampler(model, noise, graph, precision=pol) for name, pol in policies.items()
-    }
+    samplers = {name: Sampler(model, noise, graph, precision=pol) for name, pol in policies.items()}
     figures = {name: RunFigures(name) for name in precisions}
     warm = BenchCase(case.hidden, case.layers, case.heads, case.genes, min(case.batch, 2), 2)
     for sampler in samplers.values():

@@ -202,21 +202,21 @@ class Monitor:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def on_forward(self, rows: int, seconds: float) -> None:
-        """Engine observer: one packed forward over ``rows`` rows."""
-        self.add_forward(rows)
+    def on_forward(self, rows: int, seconds: float, calls: int = 1) -> None:
+        """Engine observer: a packed step over ``rows`` rows that ran ``calls`` forwards."""
+        self.add_forward(rows, calls)
 
     def on_job_done(self, job: _JobLike, result: object, outcome: str) -> None:
         """Engine observer: a job ended; its cells count when it succeeded."""
         if outcome == "ok":
             self.add_cells(job.num_cells)
 
-    def add_forward(self, rows: int = 0) -> None:
-        """One model forward over ``rows`` batch rows."""
+    def add_forward(self, rows: int = 0, calls: int = 1) -> None:
+        """``calls`` model forwards over ``rows`` batch rows in all."""
         with self._lock:
-            self.forwards += 1
+            self.forwards += calls
             self.rows += rows
-            self._remember(cells=0, forwards=1)
+            self._remember(cells=0, forwards=calls)
 
     def add_cells(self, n: int) -> None:
         """``n`` cells finished."""

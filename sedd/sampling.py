@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sedd.defaults import TIME_GRIDS, TimeGrid
 from sedd.graph import Graph
 from sedd.noise import Noise
 from sedd.precision import PrecisionPolicy, ScoreModel, resolve_precision
@@ -51,6 +52,7 @@ class StepOutput:
 
     tokens: torch.Tensor  # (B, L) the new tokens; the input is not modified
     fp32_fallback_rows: tuple[int, ...] = ()  # rows whose score was recomputed in fp32
+    model_calls: int = 0  # model forwards run: row blocks, plus any fp32 recomputation
 
 
 # Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
@@ -73,17 +75,29 @@ def block_rows_for(
     return max(1, budget // max(num_genes, 1))
 
 
-def time_grid(steps: int, eps: float = 1e-5) -> torch.Tensor:
-    """The reverse-time grid, (steps + 1,) fp64: ``steps`` uniform steps from t = 1 to t = eps.
+def time_grid(steps: int, eps: float = 1e-5, grid: TimeGrid | str = "uniform") -> torch.Tensor:
+    """The reverse-time grid, (steps + 1,) fp64, from t_0 = 1 down to t_steps = eps.
 
-    The only place the grid is built. A row walks t_0 = 1 > t_1 > ... > t_steps = eps, then the
-    final denoise takes it from eps to 0.
+    The only place a grid is built. A row walks t_0 > t_1 > ... > t_steps, then the final
+    denoise takes it from eps to 0. Under the absorbing graph with log-linear noise a step from
+    t to s unmasks a fraction (t - s) / t of the masked genes, so the grid decides how many genes
+    are drawn together at each step:
+
+    * ``"uniform"``: t_k = 1 - (1 - eps) k / steps, equal numbers of genes per step (st3's and
+      reference SEDD's grid);
+    * ``"cosine"``: t_k = eps + (1 - eps) cos(pi k / (2 steps)), few genes while the context is
+      thin and more as it fills (MaskGIT's schedule).
     """
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps}.")
     if not 0.0 < eps < 1.0:
         raise ValueError(f"`eps` must be in (0, 1), got {eps}.")
-    return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
+    if grid not in TIME_GRIDS:
+        raise ValueError(f"`time_grid` must be one of {', '.join(TIME_GRIDS)}, got {grid!r}.")
+    if grid == "uniform":
+        return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
+    k = torch.arange(steps + 1, dtype=torch.float64)
+    return eps + (1.0 - eps) * torch.cos(0.5 * torch.pi * k / steps)
 
 
 def cell_generators(
@@ -259,6 +273,7 @@ class Sampler:
         out, fallback_rows = self.precision.forward(  # (M, V) fp32 at the active positions
             self.model, x, sigma_t.float(), labels, cell_types, active, self.block_rows
         )
+        calls = self.model_calls(num_rows) + self.model_calls(len(fallback_rows))
         per_row = active.sum(dim=1)
         rows = torch.repeat_interleave(torch.arange(num_rows, device=x.device), per_row)  # (M,)
         uniforms = self._uniforms(generators, per_row, x.device)  # (M,) fp64, like x[active]
@@ -285,7 +300,14 @@ class Sampler:
             new[sl] = self._draw(probs, uniforms[sl], s[r] <= 0)
         x_next = x.clone()
         x_next[active] = new
-        return StepOutput(x_next, fallback_rows)
+        return StepOutput(x_next, fallback_rows, calls)
+
+    def model_calls(self, rows: int) -> int:
+        """Model forwards that ``rows`` rows take: one per block of ``block_rows`` (one in all
+        without blocks); 0 rows take none."""
+        if rows <= 0:
+            return 0
+        return 1 if self.block_rows is None else -(-rows // self.block_rows)
 
     @staticmethod
     def _uniforms(

@@ -136,6 +136,7 @@ class ServiceMetrics:
             registry=reg,
         )
         self.jobs = Counter("sedd_jobs", "engine jobs by outcome", ["outcome"], registry=reg)
+        self.forwards = Counter("sedd_forwards", "model forwards run (calls)", registry=reg)
         self.cells = Counter("sedd_cells_generated", "cells generated", registry=reg)
         self.tokens = Counter("sedd_tokens_generated", "gene tokens generated", registry=reg)
         self.fallbacks = Counter(
@@ -161,11 +162,13 @@ class ServiceMetrics:
 
     # ---- EngineObserver (called on the engine thread) ------------------------------------
 
-    def on_forward(self, rows: int, seconds: float) -> None:
-        self.rows_per_forward.observe(rows)
+    def on_forward(self, rows: int, seconds: float, calls: int = 1) -> None:
+        for _ in range(calls):  # the step's rows, spread over its model calls
+            self.rows_per_forward.observe(rows / calls)
         self.step_seconds.observe(seconds)
+        self.forwards.inc(calls)
         if self.monitor is not None:
-            self.monitor.add_forward(rows)
+            self.monitor.add_forward(rows, calls)
 
     def on_job_done(self, job: Any, result: Any, outcome: str) -> None:
         self.jobs.labels(outcome).inc()

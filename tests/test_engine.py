@@ -95,11 +95,13 @@ def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
 class Recorder:
     def __init__(self) -> None:
         self.forwards: list[int] = []
+        self.calls = 0
         self.done: list[tuple[int, str]] = []
 
-    def on_forward(self, rows: int, seconds: float) -> None:
-        assert seconds >= 0
+    def on_forward(self, rows: int, seconds: float, calls: int) -> None:
+        assert seconds >= 0 and calls >= 1
         self.forwards.append(rows)
+        self.calls += calls
 
     def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
         self.done.append((job.num_cells, outcome))
@@ -111,6 +113,38 @@ def run_until_idle(engine: Engine, limit: int = 200) -> int:
         ticks += 1
         assert ticks < limit
     return ticks
+
+
+def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():
+    """A job counts the model calls it ran: one per row block per step, none for a step with
+    nothing left to unmask (the denoise after a grid that unmasked every gene)."""
+    calls: list[int] = []
+    hook = LOADED.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for rows, steps in ((1, 3), (5, 4), (7, 2)):
+            calls.clear()
+            rec = Recorder()
+            sampler = EulerSampler(
+                LOADED.model, LOADED.noise, LOADED.graph, precision=FP32, block_rows=2
+            )
+            engine = Engine(sampler, JobLimits(num_genes=GENES, num_perturbations=PERTS),
+                            observer=rec)  # fmt: skip
+            handle = engine.submit(job(rows, steps=steps, seed=rows))
+            run_until_idle(engine)
+            result = handle.future.result(timeout=0)
+            assert result.forwards == len(calls) == rec.calls, (rows, steps)
+            assert len(calls) <= (steps + 1) * -(-rows // 2)  # blocks of 2 rows per step
+            assert len(calls) >= steps * -(-rows // 2)
+    finally:
+        hook.remove()
+    # a step that finds nothing masked runs no forward and is not counted
+    x = torch.zeros(3, GENES, dtype=torch.long)
+    out = EulerSampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32).step(
+        x, torch.full((3,), 0.5, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+        [torch.Generator()], labels=torch.ones(3, dtype=torch.long),
+        cell_types=torch.zeros(3, dtype=torch.long),
+    )  # fmt: skip
+    assert out.model_calls == 0 and torch.equal(out.tokens, x)
 
 
 def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
@@ -125,18 +159,25 @@ def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
         ),
     ]
     late = job(3, steps=5, label=1, seed=4, sampler="analytic")
-    handles = [engine.submit(j) for j in jobs]
-    engine.tick()
-    engine.tick()
-    handles.append(engine.submit(late))
-    run_until_idle(engine)
+    calls: list[int] = []
+    hook = LOADED.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        handles = [engine.submit(j) for j in jobs]
+        engine.tick()
+        engine.tick()
+        handles.append(engine.submit(late))
+        run_until_idle(engine)
+    finally:
+        hook.remove()
     for j, h in zip([*jobs, late], handles, strict=True):
         result = h.future.result(timeout=0)
         assert torch.equal(result.tokens, solo(j)), j
-        assert result.forwards == j.steps + 1 and result.fp32_fallbacks == 0
+        assert 1 <= result.forwards <= j.steps + 1 and result.fp32_fallbacks == 0
         assert int(result.tokens.max()) < BINS
     solo_forwards = sum(j.steps + 1 for j in [*jobs, late])
-    assert len(rec.forwards) == 9 < solo_forwards  # 8 steps + denoise of the longest job
+    # every packed step is one block here (block_rows 102 >= the rows in flight): one call each
+    # 8 steps of the longest job; its denoise found no mask left and ran no forward
+    assert len(rec.forwards) == len(calls) == rec.calls == 8 < solo_forwards
     assert rec.forwards[:3] == [9, 9, 12]  # the late job joined at the third boundary
     assert [outcome for _, outcome in rec.done] == ["ok"] * 4
 
@@ -147,7 +188,9 @@ def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
     big, small = job(12, steps=3, label=1, seed=7), job(2, steps=2, label=2, seed=8)
     hb, hs = engine.submit(big), engine.submit(small)
     run_until_idle(engine)
-    assert max(rec.forwards) <= 5 and sum(rec.forwards) == 12 * 4 + 2 * 3
+    # every row takes each step; a denoise that finds no mask left runs no forward
+    assert max(rec.forwards) <= 5
+    assert 12 * 3 + 2 * 2 <= sum(rec.forwards) <= 12 * 4 + 2 * 3
     assert torch.equal(hb.future.result(timeout=0).tokens, solo(big))
     assert torch.equal(hs.future.result(timeout=0).tokens, solo(small))
 

@@ -95,4 +95,3 @@ def test_euler_reproduces_a_learned_module_and_one_shot_does_not(trained):
     assert real_corr > 0.7
     assert ours > 0.6, f"50-step Euler module correlation {ours:.3f} (real {real_corr:.3f})"
     assert abs(one_shot) < 0.15, f"one-shot module correlation {one_shot:.3f}"
-

@@ -21,6 +21,7 @@ import torch
 from sedd.batch.conditions import known_perturbations
 from sedd.cells import CountMatrix, counts_to_tokens
 from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid
 from sedd.engine import EngineJob
 from sedd.sampling import Predictor
 
@@ -81,7 +82,8 @@ class GenerationRequest:
     cells_per_condition: int
     conditions: tuple[str, ...] | None = None
     cell_type: str | None = None
-    steps: int = 50
+    steps: int = DEFAULT_STEPS
+    grid: TimeGrid = DEFAULT_GRID  # sedd.sampling.time_grid
     sampler: Predictor = "euler"
     temperature: float = 1.0
     seed: int = 0
@@ -106,6 +108,9 @@ class GenerationRequest:
                 raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
         if self.sampler not in ("euler", "analytic"):
             raise ValueError(f"`sampler` must be 'euler' or 'analytic', got {self.sampler!r}.")
+        if self.grid not in TIME_GRIDS:
+            grids = ", ".join(TIME_GRIDS)
+            raise ValueError(f"`time_grid` must be one of {grids}, got {self.grid!r}.")
         imputed = self.imputation
         if imputed is not None and imputed.num_cells != self.cells_per_condition:
             raise ValueError(
@@ -130,6 +135,8 @@ class GenerationRequest:
             "batch_size": self.batch_size,
             "tokens_per_forward": self.tokens_per_forward,
         }
+        if self.grid != "uniform":  # uniform runs keep the identity (run id, shards) they had
+            out["time_grid"] = self.grid
         if self.imputation is not None:
             out["imputed_from_genes"] = list(self.imputation.genes)
         return out
@@ -225,6 +232,7 @@ def job_for(
     return EngineJob(
         num_cells=len(cells),
         steps=request.steps,
+        grid=request.grid,
         sampler=request.sampler,
         temperature=request.temperature,
         seed=request.seed,

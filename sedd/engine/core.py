@@ -215,7 +215,7 @@ class Engine:
         gens = {id(g): g for g in slice_generators(slices)}.values()
         saved = [g.get_state() for g in gens]  # a shared generator once
         try:
-            rows, seconds = step_slices(self.sampler, slices)
+            rows, seconds, calls = step_slices(self.sampler, slices)
         except Exception as err:  # a job's fault must never stop the engine
             for g, state in zip(gens, saved, strict=True):
                 g.set_state(state)
@@ -232,7 +232,8 @@ class Engine:
                 for st in jobs:
                     self._attempt([sl for sl in slices if sl[0].state is st])
             return
-        self._observe("on_forward", rows, seconds)
+        if calls:  # a step with nothing left to unmask ran no forward
+            self._observe("on_forward", rows, seconds, calls)
 
     def _retire(self, blocks: list[RowBlock]) -> None:
         """Drop finished blocks, report progress, complete jobs whose rows are all done."""

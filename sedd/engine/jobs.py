@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 import torch
 
 from sedd.checkpoints import LoadedModel
+from sedd.defaults import TIME_GRIDS, TimeGrid
 from sedd.graph import Graph
 from sedd.sampling import Predictor
 
@@ -42,6 +43,7 @@ class EngineJob:
     fixed: torch.Tensor | None = None  # (N, G) bool, positions never changed
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
     eps: float = 1e-5  # the grid ends at t = eps (``sedd.sampling.time_grid``)
+    grid: TimeGrid = "uniform"  # how t falls from 1 to eps (``sedd.sampling.time_grid``)
     # One stream for all the job's rows instead of stream (seed, i) per cell: fewer, larger
     # draws, but a cell then depends on its batch (tests of whole distributions use it).
     generator: torch.Generator | None = None
@@ -66,7 +68,7 @@ class JobResult:
     tokens: torch.Tensor  # (N, G) long, CPU
     queue_seconds: float  # submit -> first rows admitted
     compute_seconds: float  # first rows admitted -> done
-    forwards: int  # model forwards the job's rows took part in
+    forwards: int  # model forwards (calls) the job's rows took part in
     fp32_fallbacks: int  # the job's rows recomputed in fp32 (docs/precision.md rule 5)
 
 
@@ -97,7 +99,9 @@ class InvalidTokensError(RuntimeError):
 class EngineObserver(Protocol):
     """Hooks for monitoring; called on the engine thread, and their errors are only logged."""
 
-    def on_forward(self, rows: int, seconds: float) -> None: ...
+    def on_forward(self, rows: int, seconds: float, calls: int) -> None:
+        """A packed step of ``rows`` rows that took ``seconds`` and ran ``calls`` model
+        forwards (its row blocks, plus any fp32 recomputation)."""
 
     def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None: ...
 
@@ -180,6 +184,8 @@ def validate_job(job: EngineJob, limits: JobLimits, graph: Graph) -> None:
             raise _bad(name, rule, getattr(job, name))
     if job.sampler not in ("euler", "analytic"):
         raise _bad("sampler", "'euler' or 'analytic'", repr(job.sampler))
+    if job.grid not in TIME_GRIDS:
+        raise _bad("grid", f"one of {', '.join(TIME_GRIDS)}", repr(job.grid))
     _validate_labels(job, limits, n)
     if job.x_init is None and limits.num_genes is None:
         raise _bad("x_init", "given, or the number of genes known", None)

@@ -43,7 +43,7 @@ class JobState:
         if self.timesteps.numel():
             return
         job = self.job
-        self.timesteps = time_grid(job.steps, job.eps)
+        self.timesteps = time_grid(job.steps, job.eps, job.grid)
         if job.x_init is None:  # the uniform graph draws them from stream 1 of each cell
             if num_genes is None:  # validate_job refuses this; a guard, not a user error
                 raise RuntimeError("a job without x_init needs the model's number of genes.")
@@ -117,10 +117,11 @@ def halves(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
     return first, [sl for group in groups for sl in group]
 
 
-def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float]:
-    """Step the slices' rows in one packed forward; write the new tokens back into each job.
+def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float, int]:
+    """Step the slices' rows in one packed step; write the new tokens back into each job.
 
-    Returns (rows, seconds). Counts a forward, and its fp32 fallback rows, on each job.
+    Returns (rows, seconds, model calls). Each job counts the model calls its rows were in (a
+    step whose rows are all unmasked calls the model 0 times), and its fp32 fallback rows.
     Raises whatever the step raises, before writing anything back.
     """
     device = sampler.device
@@ -155,13 +156,18 @@ def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float]:
     seconds = time.perf_counter() - start
     fallbacks = sorted(out.fp32_fallback_rows)
     offset = 0
+    blocks_of: dict[int, set[int]] = {}  # job -> the row blocks its rows were in
     for blk, lo, hi in spans:
         blk.state.x[lo:hi] = out.tokens[offset : offset + hi - lo]
         blk.state.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
+        if out.model_calls:
+            size = sampler.block_rows or x.shape[0]
+            mine = blocks_of.setdefault(id(blk.state), set())
+            mine.update(range(offset // size, (offset + hi - lo - 1) // size + 1))
         offset += hi - lo
-    for state in {id(blk.state): blk.state for blk, _, _ in spans}.values():
-        state.forwards += 1
-    return x.shape[0], seconds
+    for blk, _, _ in spans:
+        blk.state.forwards += len(blocks_of.pop(id(blk.state), ()))
+    return x.shape[0], seconds, out.model_calls
 
 
 def slice_generators(slices: list[Slice]) -> list[torch.Generator]:

@@ -1,0 +1,202 @@
+"""Quality against model forwards on the bundled model: steps, time grids and predictors.
+
+Each setting (predictor, grid, steps) generates the held-out split's label composition (105
+cells) for several seeds; every set is scored with the project's quality figures
+(``sedd.eval.quality``) against the held-out cells. A setting is "within seed noise" of 50
+uniform Euler steps when, for every figure, its mean over seeds differs from that setting's by at
+most twice the standard error of the difference.
+
+Generation is resumable and can be split over processes (each writes its own sets file):
+
+    OMP_NUM_THREADS=1 python scripts/quality_vs_steps.py run --part 0/2 &
+    OMP_NUM_THREADS=1 python scripts/quality_vs_steps.py run --part 1/2
+    python scripts/quality_vs_steps.py report  # table, JSON, docs/quality_vs_forwards.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench_results" / "quality_vs_steps"
+PNG = ROOT / "docs" / "quality_vs_forwards.png"
+BASELINE = ("euler", "uniform", 50)
+
+# (predictor, grid, steps, seeds): every setting at 5 seeds near the candidates; the ends of the
+# curve (5, 100, 200 steps) at fewer seeds, since they only show its shape.
+PLAN = [
+    *(("euler", "uniform", n, 5) for n in (10, 15, 20, 35, 50)),
+    *(("euler", "cosine", n, 5) for n in (10, 15, 20)),
+    ("euler", "uniform", 5, 3),
+    ("euler", "cosine", 5, 3),
+    ("euler", "uniform", 100, 3),
+    ("euler", "uniform", 200, 2),
+    *(("analytic", "uniform", n, 3) for n in (15, 20)),
+]
+
+
+def _name(predictor: str, grid: str, steps: int, seed: int) -> str:
+    return f"{predictor}-{grid}-{steps}-s{seed}"
+
+
+def _items() -> list[tuple[str, str, int, int]]:
+    return [(p, g, n, seed) for p, g, n, seeds in PLAN for seed in range(seeds)]
+
+
+def run(part: int, parts: int, precision: str, tokens_per_forward: int) -> None:
+    from sedd.api import load
+    from sedd.eval.quality import HeldOut
+    from sedd.paths import BUNDLED_DATA
+    from sedd.sampling import block_rows_for
+
+    model = load(device="cpu", precision=precision, tokens_per_forward=tokens_per_forward)
+    held_out = HeldOut.from_file(BUNDLED_DATA, model.genes)
+    labels = held_out.test_labels
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = OUT / f"sets-{part}.npz"
+    sets = dict(np.load(store)) if store.exists() else {}
+    mine = [item for i, item in enumerate(_items()) if i % parts == part]
+    for predictor, grid, steps, seed in mine:
+        name = _name(predictor, grid, steps, seed)
+        if name in sets:
+            continue
+        start = time.perf_counter()
+        adata = model.generate(
+            1, condition=labels, steps=steps, time_grid=grid, sampler=predictor, seed=seed,
+            batch_size=128,
+        )  # fmt: skip
+        sets[name] = np.asarray(adata.X.toarray(), dtype=np.int32)
+        # model calls over the set; each call is one block of block_rows cells
+        calls = int(adata.uns["sedd"]["timings"]["forwards"])
+        blocks = -(-len(labels) // block_rows_for(len(model.genes), "cpu", tokens_per_forward))
+        forwards = calls / blocks  # forwards each cell went through
+        sets[f"{name}/forwards"] = np.asarray(forwards)
+        np.savez_compressed(store, **sets)
+        seconds = time.perf_counter() - start
+        print(f"{name}: {forwards:.2f} forwards a cell, {seconds:.0f} s", flush=True)
+
+
+def _load_sets() -> dict[str, np.ndarray]:
+    sets: dict[str, np.ndarray] = {}
+    for store in sorted(OUT.glob("sets-*.npz")):
+        sets.update(dict(np.load(store)))
+    return sets
+
+
+def report() -> None:
+    from sedd.api import load
+    from sedd.eval.quality import FIGURES, HeldOut
+    from sedd.paths import BUNDLED_DATA
+
+    model = load(device="cpu", precision="fp32")
+    held_out = HeldOut.from_file(BUNDLED_DATA, model.genes)
+    sets = _load_sets()
+    rows = []
+    for predictor, grid, steps, _ in PLAN:
+        names = [
+            _name(predictor, grid, steps, seed)
+            for seed in range(5)
+            if _name(predictor, grid, steps, seed) in sets
+        ]
+        if not names:
+            continue
+        scores = [held_out.figures(sets[n], held_out.test_labels) for n in names]
+        rows.append(
+            {
+                "predictor": predictor,
+                "grid": grid,
+                "steps": steps,
+                "forwards": float(np.mean([float(sets[f"{n}/forwards"]) for n in names])),
+                "seeds": len(names),
+                "mean": {f: float(np.mean([s[f] for s in scores])) for f in FIGURES},
+                "sd": {f: float(np.std([s[f] for s in scores], ddof=1)) for f in FIGURES},
+            }
+        )
+    base = next(r for r in rows if (r["predictor"], r["grid"], r["steps"]) == BASELINE)
+    for row in rows:
+        row["within_noise"] = _within_noise(row, base, FIGURES)
+    _print_table(rows, FIGURES)
+    (OUT / "summary.json").write_text(json.dumps(rows, indent=2))
+    _plot(rows, FIGURES)
+    print(f"wrote {OUT / 'summary.json'} and {PNG}")
+
+
+def _within_noise(row: dict, base: dict, figures: tuple[str, ...]) -> bool:
+    """Every figure's mean within 2 standard errors of the difference from the baseline's."""
+    if row["seeds"] < 2:
+        return False
+    for f in figures:
+        se = np.sqrt(row["sd"][f] ** 2 / row["seeds"] + base["sd"][f] ** 2 / base["seeds"])
+        if abs(row["mean"][f] - base["mean"][f]) > 2 * se:
+            return False
+    return True
+
+
+def _print_table(rows: list[dict], figures: tuple[str, ...]) -> None:
+    head = "| predictor | grid | steps | forwards | seeds | " + " | ".join(figures)
+    print(head + " | within noise of 50 uniform |")
+    print("|" + "---|" * (6 + len(figures)))
+    for r in sorted(rows, key=lambda r: (r["forwards"], r["grid"], r["predictor"])):
+        cells = " | ".join(f"{r['mean'][f]:.4f} ± {r['sd'][f]:.4f}" for f in figures)
+        print(
+            f"| {r['predictor']} | {r['grid']} | {r['steps']} | {r['forwards']:.1f} | {r['seeds']} "
+            f"| {cells} | {'yes' if r['within_noise'] else 'no'} |"
+        )
+
+
+def _plot(rows: list[dict], figures: tuple[str, ...]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(figures), figsize=(4.2 * len(figures), 3.6))
+    series = sorted({(r["predictor"], r["grid"]) for r in rows})
+    for ax, f in zip(axes, figures, strict=True):
+        for predictor, grid in series:
+            pts = sorted(
+                (r for r in rows if (r["predictor"], r["grid"]) == (predictor, grid)),
+                key=lambda r: r["forwards"],
+            )
+            ax.errorbar(
+                [r["forwards"] for r in pts],
+                [r["mean"][f] for r in pts],
+                yerr=[r["sd"][f] for r in pts],
+                marker="o",
+                capsize=3,
+                label=f"{predictor}, {grid}",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("model forwards per cell")
+        ax.set_title(f)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("bundled PBMC model: quality against forwards (mean ± sd over seeds)")
+    fig.tight_layout()
+    PNG.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PNG, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="generate the sets (resumable)")
+    r.add_argument("--part", default="0/1", help="K/N: run every N-th setting from the K-th")
+    r.add_argument("--precision", default="auto")
+    r.add_argument("--tokens-per-forward", type=int, default=4 * 765)
+    sub.add_parser("report", help="score the sets: table, JSON and PNG")
+    args = p.parse_args()
+    if args.command == "run":
+        part, parts = (int(v) for v in args.part.split("/"))
+        run(part, parts, args.precision, args.tokens_per_forward)
+    else:
+        report()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
