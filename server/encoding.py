@@ -46,6 +46,7 @@ def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: s
         job_id=job_id,
         seed=options.seed,
         steps=options.steps,
+        time_grid=options.time_grid,
         sampler=options.sampler,
         temperature=options.temperature,
         precision=service.precision_record(result.fp32_fallbacks),  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ from sedd.batch.requests import (
 )
 from sedd.cells import CountClipWarning, CountRangeError
 from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.defaults import resolve_schedule
 from sedd.engine import EngineJob
 from server.config import Settings
 from server.errors import FieldError
@@ -49,10 +50,12 @@ class PlannedJob:
 
 
 def _with_default_steps(body: RequestT, settings: Settings) -> RequestT:
-    """A request that leaves out ``steps`` gets the default capped at the server's max_steps."""
-    if "steps" in body.model_fields_set or body.steps <= settings.max_steps:
-        return body
-    return body.model_copy(update={"steps": settings.max_steps})
+    """The request's schedule resolved (``sedd.defaults.resolve_schedule``); a request that
+    leaves out ``steps`` gets the default capped at the server's max_steps."""
+    steps, grid = resolve_schedule(body.steps, body.time_grid)
+    if body.steps is None:
+        steps = min(steps, settings.max_steps)
+    return body.model_copy(update={"steps": steps, "time_grid": grid})
 
 
 def _check_limits(settings: Settings, options: SamplingOptions, cells: int, loc: str) -> float:
@@ -129,6 +132,7 @@ def _generation_request(
         conditions=conditions,
         cell_type=cell_type,
         steps=options.steps,
+        grid=options.time_grid,
         sampler=options.sampler,
         temperature=options.temperature,
         seed=options.seed,

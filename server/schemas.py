@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sedd.config import ModelConfig
+from sedd.defaults import TimeGrid
 from sedd.sampling import Predictor
 from server.config import Settings
 
@@ -34,7 +35,16 @@ class _Request(BaseModel):
 class SamplingOptions(_Request):
     """Fields every sampling route shares."""
 
-    steps: int = Field(default=50, ge=1, le=HARD_MAX_STEPS, description="reverse steps")
+    steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=HARD_MAX_STEPS,
+        description="reverse steps; left out: the tuned default schedule (capped at max_steps); "
+        "given without time_grid: that many uniform steps (st3's schedule)",
+    )
+    time_grid: TimeGrid | None = Field(
+        default=None, description="how t falls from 1 to 0: uniform (st3's) or cosine"
+    )
     sampler: SamplerName = Field(default="euler", description="reverse step: euler or analytic")
     temperature: float = Field(
         default=1.0, ge=0.05, le=10.0, allow_inf_nan=False, description="1 = the model's law"
@@ -151,6 +161,7 @@ class ResponseMetadata(BaseModel):
     job_id: str
     seed: int
     steps: int
+    time_grid: TimeGrid
     sampler: SamplerName
     temperature: float
     precision: PrecisionRecord

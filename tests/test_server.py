@@ -456,7 +456,9 @@ async def test_openapi_carries_the_server_limits_and_examples(model_dir: Path) -
         schema = (await client.get("/openapi.json")).json()
     generate_schema = schema["components"]["schemas"]["GenerateRequest"]
     assert generate_schema["properties"]["num_cells"]["maximum"] == 8
-    assert generate_schema["properties"]["steps"]["maximum"] == 20
+    steps = generate_schema["properties"]["steps"]["anyOf"]  # an integer, or null: the default
+    assert steps[0]["maximum"] == 20 and steps[1] == {"type": "null"}
+    assert generate_schema["properties"]["time_grid"]["anyOf"][0]["enum"] == ["uniform", "cosine"]
     assert generate_schema["examples"][0]["num_cells"] == 2
     impute = schema["components"]["schemas"]["ImputeRequest"]["properties"]
     assert impute["counts"]["maxItems"] == 8 and impute["counts"]["items"]["items"]["maximum"] == 5

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sedd.defaults import TIME_GRIDS
 from sedd.paths import DEFAULT_MODEL
 
 
@@ -72,7 +73,16 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         dest="steps",
         type=int,
         default=None,
-        help="reverse steps (default: the library's default, see `sedd generate` in the README)",
+        help="reverse steps (default: the library's tuned schedule, see the README's "
+        "'Quality per forward'; --steps alone keeps st3's uniform grid)",
+    )
+    p.add_argument(
+        "--time-grid",
+        "--grid",
+        dest="time_grid",
+        choices=list(TIME_GRIDS),
+        default=None,
+        help="how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)",
     )
     p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
     p.add_argument("--temperature", type=float, default=1.0)

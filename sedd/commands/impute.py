@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     model = Model(loaded, resolve_precision_noting(args.precision, loaded.device))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        steps = {} if args.steps is None else {"steps": args.steps}
+        steps = {"steps": args.steps, "time_grid": args.time_grid}
         adata = model.impute(
             data, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
             sampler=args.sampler, temperature=args.temperature, seed=args.seed,

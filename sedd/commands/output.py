@@ -20,6 +20,7 @@ from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
+from sedd.defaults import resolve_schedule
 from sedd.files import check_writable, write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
 
@@ -52,7 +53,7 @@ def request_from_args(
         cells_per_condition=cells_per_condition,
         conditions=tuple(conditions) if conditions else None,
         cell_type=args.cell_type,
-        **({} if args.steps is None else {"steps": args.steps}),
+        **dict(zip(("steps", "grid"), resolve_schedule(args.steps, args.time_grid), strict=True)),
         sampler=args.sampler,
         temperature=args.temperature,
         seed=args.seed,

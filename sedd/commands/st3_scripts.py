@@ -80,6 +80,7 @@ def _sampling_request(
     args: argparse.Namespace, cells_per_condition: int, conditions: list[str] | None
 ) -> GenerationRequest:
     args.steps = args.num_steps
+    args.time_grid = "uniform"  # st3's scripts take N uniform steps
     args.cell_type = getattr(args, "cell_type", None)
     return request_from_args(args, cells_per_condition=cells_per_condition, conditions=conditions)
 

@@ -1,0 +1,111 @@
+"""Time grids and the default schedule: one grid function, the same schedule on every path."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import anndata
+import numpy as np
+import pytest
+import torch
+from server_client import make_settings, served
+from server_models import save_tiny_model
+
+import sedd
+from sedd.batch.requests import GenerationRequest
+from sedd.cli import main as sedd_main
+from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
+from sedd.sampling import time_grid
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("grids") / "tiny")
+
+
+def test_uniform_and_cosine_grids_run_from_one_to_eps() -> None:
+    eps = 1e-3
+    uniform = time_grid(4, eps)
+    assert uniform.dtype == torch.float64
+    assert uniform.tolist() == pytest.approx([1.0, 0.75025, 0.5005, 0.25075, 0.001])
+    cosine = time_grid(4, eps, "cosine")
+    expected = [eps + (1 - eps) * math.cos(math.pi * k / 8) for k in range(5)]
+    assert cosine.tolist() == pytest.approx(expected, abs=1e-15)
+    assert cosine[0] == 1.0 and cosine[-1] == pytest.approx(eps)
+    assert bool((cosine[1:] < cosine[:-1]).all())
+    # the first cosine step unmasks far fewer genes than the first uniform step: (t - s) / t
+    assert 1 - cosine[1] < (1 - uniform[1]) / 3
+    with pytest.raises(ValueError, match=r"time_grid.*uniform, cosine.*'linear'"):
+        time_grid(4, eps, "linear")
+
+
+def test_steps_alone_keep_the_uniform_grid_and_nothing_gives_the_default() -> None:
+    assert resolve_schedule(None, None) == (DEFAULT_STEPS, DEFAULT_GRID)
+    assert resolve_schedule(50, None) == (50, "uniform")
+    assert resolve_schedule(None, "cosine") == (DEFAULT_STEPS, "cosine")
+    assert resolve_schedule(7, "cosine") == (7, "cosine")
+
+
+def test_a_request_records_its_grid_only_when_it_is_not_uniform() -> None:
+    uniform = GenerationRequest(cells_per_condition=2, steps=5)
+    assert "time_grid" not in uniform.record()  # run ids and shard manifests of before hold
+    assert GenerationRequest(2, steps=5, grid="cosine").record()["time_grid"] == "cosine"
+    with pytest.raises(ValueError, match="time_grid"):
+        GenerationRequest(2, steps=5, grid="log").validate()  # type: ignore[arg-type]
+
+
+async def test_the_cosine_grid_gives_the_same_cells_through_api_cli_and_server(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    model = sedd.load(model_dir, device="cpu", precision="fp32")
+    api = model.generate(3, condition="KRAS", steps=4, time_grid="cosine", seed=2)
+    uniform = model.generate(3, condition="KRAS", steps=4, seed=2)
+    assert not np.array_equal(api.X.toarray(), uniform.X.toarray())  # the grid matters
+    out = tmp_path / "cosine.h5ad"
+    argv = [
+        "generate", "--model", str(model_dir), "--conditions", "KRAS", "--num-cells", "3",
+        "--steps", "4", "--time-grid", "cosine", "--seed", "2", "--precision", "fp32",
+        "--device", "cpu", "--out", str(out),
+    ]  # fmt: skip
+    assert sedd_main(argv) == 0
+    from_cli = anndata.read_h5ad(out)
+    np.testing.assert_array_equal(api.X.toarray(), from_cli.X.toarray())
+    assert from_cli.uns["sedd"]["request"]["time_grid"] == "cosine"
+    body = {"num_cells": 3, "condition": "KRAS", "steps": 4, "time_grid": "cosine", "seed": 2}
+    async with served(make_settings(model_dir)) as (client, _):
+        response = await client.post("/generate", json=body)
+        h5ad = await client.post("/generate", json={**body, "format": "h5ad"})
+        bad = await client.post("/generate", json={**body, "time_grid": "log"})
+    assert response.status_code == 200
+    np.testing.assert_array_equal(np.array(response.json()["counts"]), api.X.toarray())
+    assert response.json()["metadata"]["time_grid"] == "cosine"
+    served_cells = anndata.read_h5ad(io.BytesIO(h5ad.content))
+    np.testing.assert_array_equal(served_cells.X.toarray(), api.X.toarray())
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "time_grid"]
+
+
+async def test_a_request_without_steps_gets_the_default_schedule_everywhere(
+    model_dir: Path,
+) -> None:
+    model = sedd.load(model_dir, device="cpu", precision="fp32")
+    api = model.generate(2, condition="TP53", seed=4)
+    assert api.uns["sedd"]["steps"] == DEFAULT_STEPS
+    explicit = model.generate(2, condition="TP53", steps=DEFAULT_STEPS, time_grid=DEFAULT_GRID,
+                              seed=4)  # fmt: skip
+    np.testing.assert_array_equal(api.X.toarray(), explicit.X.toarray())
+    settings = make_settings(model_dir).model_copy(update={"max_steps": 200})
+    async with served(settings) as (client, _):
+        response = await client.post("/generate", json={"num_cells": 2, "condition": "TP53",
+                                                        "seed": 4})  # fmt: skip
+    meta = response.json()["metadata"]
+    assert (meta["steps"], meta["time_grid"]) == (DEFAULT_STEPS, DEFAULT_GRID)
+    np.testing.assert_array_equal(np.array(response.json()["counts"]), api.X.toarray())
