@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sedd.model import RotaryEmbedding, check_inputs, rope_attention, sinusoidal_embedding
+from sedd.layers import RotaryEmbedding, check_inputs, rope_attention, sinusoidal_embedding
 from sedd.precision import fp32_region
 
 __all__ = ["DDiT"]

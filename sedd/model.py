@@ -29,18 +29,24 @@ Models
 * ``SEDDTransformer`` / ``SEDDPerturbationTransformer`` (here): st3's x0 networks, with st3's
   exact state-dict layout (vocab = num_bins + 1, mask index = num_bins).
 * ``sedd.ddit.DDiT``: reference SEDD's diffusion transformer, score parametrisation. It shares
-  ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention`` with this module.
+  ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention`` (``sedd.layers``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sedd.layers import (
+    RotaryEmbedding,
+    SinusoidalEmbedding,
+    check_inputs,
+    rope_attention,
+    sinusoidal_embedding,
+)
 from sedd.precision import ScoreModel
 
 __all__ = [
@@ -52,89 +58,6 @@ __all__ = [
     "rope_attention",
     "sinusoidal_embedding",
 ]
-
-
-def check_inputs(x: torch.Tensor, sigma: torch.Tensor, max_len: int | None = None) -> None:
-    """Raise ``ValueError`` unless x is (B, L), sigma is (B,) and L <= ``max_len``."""
-    if x.dim() != 2:
-        raise ValueError(f"`x` must be a (B, L) token tensor, got shape {tuple(x.shape)}.")
-    if sigma.shape != (x.shape[0],):
-        raise ValueError(
-            f"`sigma` must have shape (B,) = ({x.shape[0]},), got {tuple(sigma.shape)}; "
-            "pass one total-noise value per row."
-        )
-    if max_len is not None and x.shape[1] > max_len:
-        raise ValueError(f"sequence length {x.shape[1]} exceeds the model's maximum {max_len}.")
-
-
-def sinusoidal_embedding(
-    sigma: torch.Tensor, dim: int, order: Literal["sin_cos", "cos_sin"], max_period: float = 1e4
-) -> torch.Tensor:
-    """(B,) -> (B, dim) features: f_i = max_period^(-i / half), i < half = dim // 2.
-
-    ``"sin_cos"`` gives [sin(sigma f), cos(sigma f)] (st3); ``"cos_sin"`` gives
-    [cos(sigma f), sin(sigma f)] (reference SEDD / DiT). An odd ``dim`` is zero-padded.
-    """
-    half = dim // 2
-    freqs = torch.exp(
-        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=sigma.device) / half
-    )  # (half,)
-    args = sigma.float()[:, None] * freqs[None]  # (B, half)
-    parts = [args.sin(), args.cos()] if order == "sin_cos" else [args.cos(), args.sin()]
-    emb = torch.cat(parts, dim=-1)  # (B, 2 * half)
-    if dim % 2:
-        emb = F.pad(emb, (0, 1))
-    return emb
-
-
-class SinusoidalEmbedding(nn.Module):
-    """Parameter-free ``sinusoidal_embedding(sigma, dim, "sin_cos")`` (st3's ``time_embed.0``)."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, sigma: torch.Tensor) -> torch.Tensor:
-        return sinusoidal_embedding(sigma, self.dim, "sin_cos")  # (B, dim)
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotate-half RoPE: q' = q cos(p w) + rotate_half(q) sin(p w), w_j = base^(-2j / d).
-
-    ``inv_freq`` (d/2,) is a persistent buffer, as both st3 and reference SEDD store it.
-    rotate_half([a, b]) = [-b, a] on the two halves of the head dimension.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10_000.0) -> None:
-        super().__init__()
-        if head_dim % 2:
-            raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}.")
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq)
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate q, k of shape (B, heads, L, d) by their position along L."""
-        seq_len = q.shape[-2]
-        pos = torch.arange(seq_len, device=q.device, dtype=self.inv_freq.dtype)
-        freqs = torch.outer(pos, self.inv_freq)  # (L, d/2)
-        angles = torch.cat([freqs, freqs], dim=-1)  # (L, d)
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(t: torch.Tensor) -> torch.Tensor:
-    first, second = t.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
-def rope_attention(qkv: torch.Tensor, n_heads: int, rotary: RotaryEmbedding) -> torch.Tensor:
-    """Non-causal multi-head SDPA with RoPE on q, k: (B, L, 3H) -> (B, L, H)."""
-    b, length, three_h = qkv.shape
-    head_dim = three_h // (3 * n_heads)
-    q, k, v = qkv.view(b, length, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
-    q, k = rotary(q, k)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=False)  # (B, h, L, d)
-    return out.transpose(1, 2).reshape(b, length, n_heads * head_dim)
 
 
 # ----------------------------------------------------------------------------------------------
