@@ -1,4 +1,5 @@
-"""``sedd bench``: fp32 vs bf16 sampling throughput and memory, side by side."""
+"""``sedd bench``: fp32 vs bf16 sampling throughput and memory side by side; ``--compare``:
+st3's sampling pattern against our default on a real model, with quality and MFU."""
 
 from __future__ import annotations
 
@@ -61,6 +62,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--repeats", type=int, default=2, help="timed runs per precision (median)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if any)")
+    c = p.add_argument_group("--compare: st3's pattern against our default on a real model")
+    c.add_argument(
+        "--compare",
+        action="store_true",
+        help="sedd generate --steps 50 --batch-size 1 against plain sedd generate, alternating: "
+        "cells/s, quality against held-out cells, their ratio, and MFU",
+    )
+    c.add_argument("--model", default=None, help="model to compare on (default: the bundled)")
+    c.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="labelled counts with a split column (train/test) in the model's genes "
+        "(default: the bundled PBMC counts)",
+    )
+    c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
+    c.add_argument("--seed", type=int, default=0, help="chunk k uses seed * 1000 + k")
+    c.add_argument("--chunks", type=int, default=5, help="alternations of the two arms")
     p.add_argument(
         "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
     )
@@ -75,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import resolve_device
 
     args.device = resolve_device(args.device)
+    if args.compare:
+        return _run_compare(args)
     for name in ("steps", "repeats", "num_bins"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
@@ -144,3 +165,70 @@ def _table(entries: list[dict]) -> Table:
                 f"{parity['max_abs']:.3g}" if parity else "-",
             )
     return table
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sedd.api import load
+    from sedd.bench import environment
+    from sedd.bench.compare import compare, mfu
+    from sedd.paths import BUNDLED_DATA
+
+    if args.chunks < 1 or args.seed < 0:
+        raise ValueError(f"--chunks must be >= 1 and --seed >= 0, got {args.chunks}, {args.seed}.")
+    model = load(args.model, device=args.device, precision=args.precision)
+    loaded, policy = model.loaded, model.policy
+    console = Console(width=max(Console().width, 150))
+    console.print(f"sedd bench --compare on {args.device} ({policy.name}): {environment()}")
+    console.print("st3's pattern and our default, alternating chunks ...")
+    data = args.data or BUNDLED_DATA
+    result = compare(loaded, policy, data, seed=args.seed, chunks=args.chunks)
+    console.print("MFU of one forward of the default's row block ...")
+    result["mfu"] = mfu(loaded, policy)
+    result["environment"] = {**environment(), "precision": policy.name}
+    console.print(_compare_table(result))
+    for line in _mfu_lines(result["mfu"]):
+        console.print(line)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = args.out.with_name("compare.json") if args.out.name == "bench.json" else args.out
+    out.write_text(json.dumps(result, indent=2))
+    console.print(f"wrote {out}")
+    return 0
+
+
+def _compare_table(result: dict) -> Table:
+    from rich.table import Table
+
+    table = Table(title=f"st3's pattern vs our default, {result['cells']} cells each")
+    quality = ("corr_rms", "mmd2_rbf", "energy_distance", "within_label_agreement")
+    for col in ("arm", "steps", "grid", "batch", "seconds", "cells/s", "model calls", *quality):
+        table.add_column(col, justify="right")
+    for name in ("st3", "default"):
+        arm = result[name]
+        table.add_row(
+            name, str(arm["steps"]), arm["time_grid"], str(arm["batch_size"]),
+            f"{arm['seconds']:.1f}", f"{arm['cells_per_s']:.3f}", str(arm["model_calls"]),
+            *(f"{arm['quality'][q]:.4f}" for q in quality),
+        )  # fmt: skip
+    table.caption = f"default / st3 cells/s: {result['speedup_cells_per_s']:.2f}x"
+    return table
+
+
+def _mfu_lines(figures: dict) -> list[str]:
+    lines = [
+        f"MFU at {figures['rows']} row(s) a forward, {figures['flops_per_forward'] / 1e9:.3f} "
+        f"GFLOP a forward (attention counted); fp32 2048^2 matmul "
+        f"{figures['fp32_matmul'] / 1e9:.1f} GFLOP/s"
+    ]
+    for name, entry in figures.items():
+        if not isinstance(entry, dict):
+            continue
+        own = entry.get(f"mfu_vs_{name}_matmul")
+        extra = "" if own is None else f", {own:.2f} of a {name} matmul"
+        lines.append(
+            f"  {name}: {entry['ms_per_forward']:.1f} ms a forward, "
+            f"{entry['flops_per_s'] / 1e9:.1f} GFLOP/s, MFU {entry['mfu_vs_fp32_matmul']:.2f} "
+            f"of the fp32 matmul{extra}"
+        )
+    return lines
