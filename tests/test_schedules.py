@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import math
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import sedd
 from sedd.batch.requests import GenerationRequest
 from sedd.cli import main as sedd_main
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
+from sedd.model import _ST3Base
 from sedd.sampling import time_grid
 
 pytestmark = pytest.mark.anyio
@@ -109,3 +111,32 @@ async def test_a_request_without_steps_gets_the_default_schedule_everywhere(
     meta = response.json()["metadata"]
     assert (meta["steps"], meta["time_grid"]) == (DEFAULT_STEPS, DEFAULT_GRID)
     np.testing.assert_array_equal(np.array(response.json()["counts"]), api.X.toarray())
+
+
+def test_the_cli_summary_counts_the_model_calls(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``sedd generate``'s forwards are the model's forward calls: row blocks of the fixed
+    size, and no call for a step (or denoise) that finds nothing masked."""
+    calls: list[int] = []
+    original = _ST3Base.forward
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[0].shape[0])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(_ST3Base, "forward", counted)
+    out = tmp_path / "cells.h5ad"
+    argv = [
+        "generate", "--model", str(model_dir), "--conditions", "KRAS", "TP53", "--num-cells",
+        "3", "--steps", "10", "--seed", "0", "--precision", "fp32", "--device", "cpu",
+        "--tokens-per-forward", str(2 * 12), "--out", str(out),
+    ]  # fmt: skip
+    assert sedd_main(argv) == 0
+    metrics = json.loads(out.with_suffix(".metrics.json").read_text())
+    assert metrics["forwards"] == len(calls)
+    assert set(calls) == {2}  # every call is one block of 2 rows (the 24-token budget)
+    # 6 cells in 3 blocks: at most 10 steps + the denoise each, and a 12-gene cell is often
+    # fully unmasked before its denoise
+    assert 3 * 10 <= len(calls) <= 3 * 11
+    assert f"{len(calls)} forwards" in capsys.readouterr().out
