@@ -11,6 +11,12 @@ Generation is resumable and can be split over processes (each writes its own set
     OMP_NUM_THREADS=1 python scripts/quality_vs_steps.py run --part 0/2 &
     OMP_NUM_THREADS=1 python scripts/quality_vs_steps.py run --part 1/2
     python scripts/quality_vs_steps.py report  # table, JSON, docs/quality_vs_forwards.png
+
+``oracle`` does the same on an exactly known distribution (``sedd.eval.exact``: a Potts chain of
+10 binary positions with strong coupling): the total variation between the sampler's cells and
+the exact law against steps, next to the TV of as many exact draws (the sampling-noise floor).
+
+    OMP_NUM_THREADS=1 python scripts/quality_vs_steps.py oracle  # table, docs/oracle_tv.png
 """
 
 from __future__ import annotations
@@ -181,6 +187,84 @@ def _plot(rows: list[dict], figures: tuple[str, ...]) -> None:
     fig.savefig(PNG, dpi=110)
 
 
+ORACLE_STEPS = (1, 2, 4, 8, 16, 32, 64, 128)
+ORACLE_SETTINGS = (("euler", "uniform"), ("euler", "cosine"), ("analytic", "uniform"))
+
+
+def oracle(positions: int, tokens: int, coupling: float, cells: int) -> None:
+    import torch
+
+    from sedd.eval.exact import ExactModel, potts_distribution, state_index
+    from sedd.graph import AbsorbingGraph
+    from sedd.noise import LogLinearNoise
+    from sedd.samplers import AnalyticSampler, EulerSampler
+
+    joint = potts_distribution(positions, tokens, coupling)
+    model = ExactModel(joint, positions, tokens, "x0")
+    noise, graph = LogLinearNoise(), AbsorbingGraph(tokens)
+
+    def tv(tokens_drawn: torch.Tensor) -> float:
+        counts = torch.bincount(state_index(tokens_drawn, tokens), minlength=len(joint))
+        return 0.5 * float((counts.double() / len(tokens_drawn) - joint).abs().sum())
+
+    gen = torch.Generator().manual_seed(0)
+    floor = [
+        0.5 * float((torch.bincount(torch.multinomial(joint, cells, True, generator=gen),
+                                    minlength=len(joint)).double() / cells - joint).abs().sum())
+        for _ in range(3)
+    ]  # fmt: skip
+    rows = []
+    for predictor, grid in ORACLE_SETTINGS:
+        cls = AnalyticSampler if predictor == "analytic" else EulerSampler
+        sampler = cls(model, noise, graph, use_amp=False)
+        for steps in ORACLE_STEPS:
+            drawn = sampler.sample(
+                cells, steps=steps, num_genes=positions, time_grid=grid,  # type: ignore[arg-type]
+                generator=torch.Generator().manual_seed(steps),
+            )  # fmt: skip
+            rows.append({"predictor": predictor, "grid": grid, "steps": steps, "tv": tv(drawn)})
+            print(f"{predictor} {grid} {steps} steps: TV {rows[-1]['tv']:.4f}", flush=True)
+    result = {
+        "positions": positions, "tokens": tokens, "coupling": coupling, "cells": cells,
+        "tv_floor_exact_draws": float(np.mean(floor)), "rows": rows,
+    }  # fmt: skip
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "oracle.json").write_text(json.dumps(result, indent=2))
+    print(f"\nTV floor ({cells} exact draws): {result['tv_floor_exact_draws']:.4f}")
+    print("| steps | " + " | ".join(f"{p}, {g}" for p, g in ORACLE_SETTINGS) + " |")
+    print("|---|" + "---|" * len(ORACLE_SETTINGS))
+    for steps in ORACLE_STEPS:
+        tvs = [r["tv"] for r in rows if r["steps"] == steps]
+        print(f"| {steps} | " + " | ".join(f"{v:.4f}" for v in tvs) + " |")
+    _plot_oracle(result)
+
+
+def _plot_oracle(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for predictor, grid in ORACLE_SETTINGS:
+        pts = [r for r in result["rows"] if (r["predictor"], r["grid"]) == (predictor, grid)]
+        ax.plot([r["steps"] + 1 for r in pts], [r["tv"] for r in pts], marker="o",
+                label=f"{predictor}, {grid}")  # fmt: skip
+    ax.axhline(result["tv_floor_exact_draws"], color="grey", ls="--", label="exact draws (floor)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("model forwards per cell (steps + denoise)")
+    ax.set_ylabel("total variation to the exact law")
+    ax.set_title(
+        f"Potts chain, {result['positions']} positions x {result['tokens']} tokens, "
+        f"{result['cells']} cells",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "oracle_tv.png", dpi=110)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,8 +273,15 @@ def main() -> int:
     r.add_argument("--precision", default="auto")
     r.add_argument("--tokens-per-forward", type=int, default=4 * 765)
     sub.add_parser("report", help="score the sets: table, JSON and PNG")
+    o = sub.add_parser("oracle", help="TV against steps on an exactly known distribution")
+    o.add_argument("--positions", type=int, default=10)
+    o.add_argument("--tokens", type=int, default=2)
+    o.add_argument("--coupling", type=float, default=2.0)
+    o.add_argument("--cells", type=int, default=200_000)
     args = p.parse_args()
-    if args.command == "run":
+    if args.command == "oracle":
+        oracle(args.positions, args.tokens, args.coupling, args.cells)
+    elif args.command == "run":
         part, parts = (int(v) for v in args.part.split("/"))
         run(part, parts, args.precision, args.tokens_per_forward)
     else:

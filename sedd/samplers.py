@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from sedd.defaults import TimeGrid
 from sedd.engine import Engine, EngineJob, JobLimits, JobProgress
 from sedd.engine.offline import run_job
 from sedd.sampling import Predictor, Sampler
@@ -36,6 +37,7 @@ class EngineSampler(Sampler):
         fixed: torch.Tensor | None = None,
         denoise: bool = True,
         eps: float = 1e-5,
+        time_grid: TimeGrid = "uniform",
         on_step: Callable[[JobProgress], None] | None = None,
     ) -> torch.Tensor:
         """Draw ``num_cells`` sequences of tokens with ``steps`` reverse steps (+ the denoise).
@@ -43,7 +45,8 @@ class EngineSampler(Sampler):
         Cell i draws from its own stream (seed, first_cell + i), whatever else runs with it; or
         pass one ``generator`` for all the rows instead (then a cell depends on its batch).
         Imputation: ``x_init`` (N, G) holds given tokens (the mask elsewhere) and ``fixed`` marks
-        them; they never change. Time runs over ``sedd.sampling.time_grid(steps, eps)``; with
+        them; they never change. Time runs over ``sedd.sampling.time_grid(steps, eps, time_grid)``;
+        with
         ``denoise`` a last step goes to 0. ``on_step`` sees each step's ``JobProgress``.
         Returns (N, G) tokens on the sampler's device.
         """
@@ -63,6 +66,7 @@ class EngineSampler(Sampler):
             x_init=None if x_init is None else x_init.cpu(),
             fixed=None if fixed is None else fixed.cpu(),
             eps=eps,
+            grid=time_grid,
             denoise=denoise,
             generator=generator,
         )
