@@ -30,11 +30,11 @@ from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,
     fit_real_pca,
-    gene_correlation_matrix,
     log_normalize,
     mmd2_unbiased,
     top_variable_genes,
 )
+from sedd.eval.quality import within_label_correlation
 from sedd.paths import DEFAULT_MODEL
 from sedd.precision import resolve_precision
 
@@ -44,19 +44,6 @@ HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pea
 
 def _dense(x) -> np.ndarray:
     return np.asarray(x.toarray() if hasattr(x, "toarray") else x)
-
-
-def within_label_correlation(counts: np.ndarray, labels: np.ndarray, genes: np.ndarray):
-    """Upper triangle of the gene-gene correlation after removing each label's mean, (K(K-1)/2,).
-
-    What is left is the structure inside a label, which one-shot sampling cannot produce: it
-    draws every gene of a cell independently given the label.
-    """
-    x = log_normalize(counts)[:, genes]  # (N, K)
-    for label in np.unique(labels):
-        rows = labels == label
-        x[rows] -= x[rows].mean(axis=0)
-    return gene_correlation_matrix(x)[np.triu_indices(len(genes), 1)]
 
 
 def main() -> int:

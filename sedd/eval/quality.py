@@ -89,10 +89,14 @@ class HeldOut:
             gen_conditions=list(labels),
             pca_fit_counts=self.train,
         )["overall"]
-        mine = within_label_correlation(counts, np.asarray(labels), self.top_genes)
         return {
             "corr_rms": float(overall["corr_rms"]),
             "mmd2_rbf": float(overall["mmd2_rbf"]),
             "energy_distance": float(overall["energy_distance"]),
-            "within_label_agreement": float(np.corrcoef(mine, self.reference)[0, 1]),
+            "within_label_agreement": self.within_label_agreement(counts, labels),
         }
+
+    def within_label_agreement(self, counts: np.ndarray, labels: Sequence[str]) -> float:
+        """Pearson r of the set's within-label correlations with the training cells'."""
+        mine = within_label_correlation(counts, np.asarray(labels), self.top_genes)
+        return float(np.corrcoef(mine, self.reference)[0, 1])
