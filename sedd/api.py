@@ -3,7 +3,7 @@
     import sedd
 
     model = sedd.load()  # the bundled PBMC model; or any path `sedd generate --model` takes
-    cells = model.generate(100, condition="CD14+ Monocyte", steps=50, seed=0)
+    cells = model.generate(100, condition="CD14+ Monocyte", seed=0)  # the default schedule
     cells.obs["bulk_labels"].value_counts()
 
 Each call builds the library's one request type and runs it on the batching engine in this

@@ -34,13 +34,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sedd.defaults import TIME_GRIDS, TimeGrid
 from sedd.graph import Graph
 from sedd.noise import Noise
 from sedd.precision import PrecisionPolicy, ScoreModel, resolve_precision
+from sedd.schedule import time_grid
 
 Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
+
+__all__ = [
+    "DEFAULT_TOKENS_PER_FORWARD",
+    "DenoiseMode",
+    "Predictor",
+    "Sampler",
+    "StepOutput",
+    "block_rows_for",
+    "cell_generators",
+    "sample_categorical",
+    "start_tokens",
+    "time_grid",  # sedd.schedule's, here too: the step maths and the grid it runs on
+]
 
 # Positions handled per chunk of the fp32 transition / fp64 draw work, bounding temporaries.
 _CHUNK_POSITIONS = 1 << 16
@@ -73,31 +86,6 @@ def block_rows_for(
     if budget < 1:
         raise ValueError(f"`tokens_per_forward` must be >= 1, got {budget}.")
     return max(1, budget // max(num_genes, 1))
-
-
-def time_grid(steps: int, eps: float = 1e-5, grid: TimeGrid | str = "uniform") -> torch.Tensor:
-    """The reverse-time grid, (steps + 1,) fp64, from t_0 = 1 down to t_steps = eps.
-
-    The only place a grid is built. A row walks t_0 > t_1 > ... > t_steps, then the final
-    denoise takes it from eps to 0. Under the absorbing graph with log-linear noise a step from
-    t to s unmasks a fraction (t - s) / t of the masked genes, so the grid decides how many genes
-    are drawn together at each step:
-
-    * ``"uniform"``: t_k = 1 - (1 - eps) k / steps, equal numbers of genes per step (st3's and
-      reference SEDD's grid);
-    * ``"cosine"``: t_k = eps + (1 - eps) cos(pi k / (2 steps)), few genes while the context is
-      thin and more as it fills (MaskGIT's schedule).
-    """
-    if steps < 1:
-        raise ValueError(f"`steps` must be >= 1, got {steps}.")
-    if not 0.0 < eps < 1.0:
-        raise ValueError(f"`eps` must be in (0, 1), got {eps}.")
-    if grid not in TIME_GRIDS:
-        raise ValueError(f"`time_grid` must be one of {', '.join(TIME_GRIDS)}, got {grid!r}.")
-    if grid == "uniform":
-        return torch.linspace(1.0, eps, steps + 1, dtype=torch.float64)
-    k = torch.arange(steps + 1, dtype=torch.float64)
-    return eps + (1.0 - eps) * torch.cos(0.5 * torch.pi * k / steps)
 
 
 def cell_generators(
