@@ -224,7 +224,7 @@ def _mfu_lines(figures: dict) -> list[str]:
     for name, entry in figures.items():
         if not isinstance(entry, dict):
             continue
-        own = entry.get(f"mfu_vs_{name}_matmul")
+        own = entry.get(f"mfu_vs_{name}_matmul") if name != "fp32" else None
         extra = "" if own is None else f", {own:.2f} of a {name} matmul"
         lines.append(
             f"  {name}: {entry['ms_per_forward']:.1f} ms a forward, "
