@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.anndata_io import read_counts
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
@@ -32,24 +31,18 @@ from sedd.eval.metrics import (
     fit_real_pca,
     log_normalize,
     mmd2_unbiased,
-    top_variable_genes,
 )
-from sedd.eval.quality import within_label_correlation
-from sedd.paths import DEFAULT_MODEL
+from sedd.eval.quality import HeldOut
+from sedd.paths import BUNDLED_DATA, DEFAULT_MODEL
 from sedd.precision import resolve_precision
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pbmc68k_counts.h5ad"
 HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pearson")
-
-
-def _dense(x) -> np.ndarray:
-    return np.asarray(x.toarray() if hasattr(x, "toarray") else x)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=str(DEFAULT_MODEL))
-    p.add_argument("--data", default=str(DATA))
+    p.add_argument("--data", default=str(BUNDLED_DATA))
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--multiplier", type=int, default=1, help="generated cells per held-out cell")
     p.add_argument("--batch-size", type=int, default=64)
@@ -61,13 +54,10 @@ def main() -> int:
     args = p.parse_args()
 
     loaded = load_checkpoint(args.model)
-    adata = read_counts(args.data)
     genes = list(loaded.config.genes)
-    adata = adata[:, genes]
-    test = adata[adata.obs["split"] == "test"]
-    train = adata[adata.obs["split"] == "train"]
-    labels = [str(v) for v in test.obs["bulk_labels"]] * args.multiplier
-    real = _dense(test.X)
+    held = HeldOut.from_file(args.data, genes)
+    labels = held.test_labels * args.multiplier
+    real = held.test
 
     def run(steps: int, precision: str, seed: int) -> np.ndarray:
         request = GenerationRequest(
@@ -101,7 +91,7 @@ def main() -> int:
         sets[name] = cached[name] if name in cached else run(*spec)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(cache, **sets)
-    real_labels = [str(v) for v in test.obs["bulk_labels"]]
+    real_labels = held.test_labels
     vs_real = {
         name: evaluate_counts(
             real,
@@ -109,11 +99,11 @@ def main() -> int:
             genes,
             real_conditions=real_labels,
             gen_conditions=labels,
-            pca_fit_counts=_dense(train.X),
+            pca_fit_counts=held.train,
         )["overall"]
         for name, counts in sets.items()
     }
-    pca = fit_real_pca(log_normalize(_dense(train.X)), 50, seed=0)
+    pca = fit_real_pca(log_normalize(held.train), 50, seed=0)
 
     def project(counts: np.ndarray) -> np.ndarray:
         return pca.transform(log_normalize(counts))
@@ -148,20 +138,15 @@ def main() -> int:
         print(f"{sampler:22s}" + "".join(f"{_fmt(metrics[m]):>18s}" for m in HEADLINE))
     # Within-label structure: all seeds pooled (5 x 105 cells per sampler), against the training
     # cells' within-label correlations (595 cells, so the reference is not mostly noise).
-    train_log_genes = top_variable_genes(log_normalize(_dense(train.X)), 100)
-    train_labels = np.asarray([str(v) for v in train.obs["bulk_labels"]])
-    reference = within_label_correlation(_dense(train.X), train_labels, train_log_genes)
     pooled = {
         sampler: np.concatenate([sets[seeded(sampler, k)] for k in seeds])
         for sampler in ("ours_fp32", "one_shot_fp32")
     }
-    pooled_labels = np.asarray(labels * len(seeds))
+    pooled_labels = labels * len(seeds)
     agreement = {
-        name: float(
-            np.corrcoef(within_label_correlation(counts, lab, train_log_genes), reference)[0, 1]
-        )
+        name: held.within_label_agreement(counts, lab)
         for name, counts, lab in [
-            ("held_out_cells", real, np.asarray(real_labels)),
+            ("held_out_cells", real, real_labels),
             *((name, counts, pooled_labels) for name, counts in pooled.items()),
         ]
     }

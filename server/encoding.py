@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sedd.anndata_out import provenance_uns, write_cells_h5ad
+from sedd.batch.run import model_provenance
 from sedd.cells import tokens_to_counts
 from sedd.engine import JobResult
 from server.planning import PlannedJob, finite_or_zero
@@ -146,8 +147,7 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         extra={
             "route": route,
             "observed_genes": list(planned.observed_genes),
-            "genes_by_position": service.loaded.config.genes_by_position,
-            "label_key": service.loaded.config.label_key,
+            **model_provenance(service.loaded),
         },
     )
     counts = counts_of(service, result)

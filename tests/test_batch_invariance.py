@@ -24,11 +24,6 @@ from sedd.engine import Engine, run_job
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def model() -> sedd.Model:
     return sedd.load(device="cpu", precision="fp32")

@@ -161,11 +161,19 @@ def run_provenance(
         extra={
             "model": str(loaded.path),
             "request": request.record(),
-            "genes_by_position": loaded.config.genes_by_position,
-            "label_key": loaded.config.label_key,
+            **model_provenance(loaded),
             **(extra or {}),
         },
     )
+
+
+def model_provenance(loaded: LoadedModel) -> dict[str, Any]:
+    """What every output records about the model's names: whether its genes are positions, and
+    the obs column its labels were trained from."""
+    return {
+        "genes_by_position": loaded.config.genes_by_position,
+        "label_key": loaded.config.label_key,
+    }
 
 
 @contextmanager

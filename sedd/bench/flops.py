@@ -13,7 +13,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from sedd.precision import PrecisionPolicy, ScoreModel
+from sedd.precision import PrecisionPolicy, ScoreModel, fp32_region
 
 _CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -25,7 +25,7 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 def forward_flops(model: ScoreModel, x: torch.Tensor, sigma: torch.Tensor, **conditioning) -> int:
     """FLOPs of one ``model(x, sigma, ...)`` forward (fp32, no autocast), attention included."""
     counter = FlopCounterMode(display=False, custom_mapping={_CPU_SDPA: _cpu_sdpa_flops})
-    with torch.inference_mode(), torch.autocast(x.device.type, enabled=False), counter:
+    with torch.inference_mode(), fp32_region(x.device.type), counter:
         model(x, sigma, **conditioning)
     return int(counter.get_total_flops())
 

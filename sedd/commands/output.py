@@ -49,11 +49,13 @@ def request_from_args(
     args: argparse.Namespace, *, cells_per_condition: int, conditions: list[str] | None
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe."""
+    steps, grid = resolve_schedule(args.steps, args.time_grid)
     return GenerationRequest(
         cells_per_condition=cells_per_condition,
         conditions=tuple(conditions) if conditions else None,
         cell_type=args.cell_type,
-        **dict(zip(("steps", "grid"), resolve_schedule(args.steps, args.time_grid), strict=True)),
+        steps=steps,
+        grid=grid,  # type: ignore[arg-type]
         sampler=args.sampler,
         temperature=args.temperature,
         seed=args.seed,

@@ -155,13 +155,12 @@ def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float, int]
     out = sampler.step(x, t, s, gens, labels, cell_types, temperature, fixed, analytic)
     seconds = time.perf_counter() - start
     fallbacks = sorted(out.fp32_fallback_rows)
-    offset = 0
+    offset, size = 0, sampler.block_rows or x.shape[0]
     blocks_of: dict[int, set[int]] = {}  # job -> the row blocks its rows were in
     for blk, lo, hi in spans:
         blk.state.x[lo:hi] = out.tokens[offset : offset + hi - lo]
         blk.state.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
         if out.model_calls:
-            size = sampler.block_rows or x.shape[0]
             mine = blocks_of.setdefault(id(blk.state), set())
             mine.update(range(offset // size, (offset + hi - lo - 1) // size + 1))
         offset += hi - lo
