@@ -71,7 +71,8 @@ class RotaryEmbedding(nn.Module):
     ``inv_freq`` (d/2,) is a persistent buffer, as both st3 and reference SEDD store it.
     rotate_half([a, b]) = [-b, a] on the two halves of the head dimension. The cos/sin table is
     built once per (length, device, dtype) and kept (not in the state dict); loading new
-    ``inv_freq`` values rebuilds it.
+    ``inv_freq`` values rebuilds it. The sin table is kept with its first half negated, so that
+    rotate_half(t) sin = [b, a] sin_signed: the rotation is one swap and one multiply-add.
     """
 
     def __init__(self, head_dim: int, base: float = 10_000.0) -> None:
@@ -85,7 +86,8 @@ class RotaryEmbedding(nn.Module):
     def table(
         self, seq_len: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) of shape (L, d) for positions 0..L-1, cached."""
+        """(cos, sin_signed) of shape (L, d) for positions 0..L-1, cached; sin_signed is
+        [-sin, sin] on the two halves."""
         freq = self.inv_freq
         key = (
             seq_len,
@@ -98,26 +100,37 @@ class RotaryEmbedding(nn.Module):
         if self._table is None or self._table[0] != key:
             pos = torch.arange(seq_len, device=device, dtype=freq.dtype)
             freqs = torch.outer(pos, freq)  # (L, d/2)
-            angles = torch.cat([freqs, freqs], dim=-1)  # (L, d)
-            self._table = (key, angles.cos().to(dtype), angles.sin().to(dtype))
+            cos = torch.cat([freqs, freqs], dim=-1).cos()  # (L, d)
+            sin_signed = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)  # (L, d)
+            self._table = (key, cos.to(dtype), sin_signed.to(dtype))
         return self._table[1], self._table[2]
+
+    def rotate(self, t: torch.Tensor, seq_dim: int = -2) -> torch.Tensor:
+        """Rotate t (..., L, ..., d) by its position along ``seq_dim``; d is the last dim.
+
+        t cos + rotate_half(t) sin, written as addcmul(t cos, [b, a], sin_signed): three
+        element-wise kernels instead of six.
+        """
+        seq_dim %= t.dim()
+        length, head_dim = t.shape[seq_dim], t.shape[-1]
+        cos, sin = self.table(length, t.device, t.dtype)
+        shape = (length, *([1] * (t.dim() - seq_dim - 2)), head_dim)  # broadcasts against t
+        first, second = t.chunk(2, dim=-1)
+        swapped = torch.cat([second, first], dim=-1)
+        return torch.addcmul(t * cos.view(shape), swapped, sin.view(shape))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q, k of shape (B, heads, L, d) by their position along L."""
-        cos, sin = self.table(q.shape[-2], q.device, q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(t: torch.Tensor) -> torch.Tensor:
-    first, second = t.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
+        return self.rotate(q), self.rotate(k)
 
 
 def rope_attention(qkv: torch.Tensor, n_heads: int, rotary: RotaryEmbedding) -> torch.Tensor:
     """Non-causal multi-head SDPA with RoPE on q, k: (B, L, 3H) -> (B, L, H)."""
     b, length, three_h = qkv.shape
     head_dim = three_h // (3 * n_heads)
-    q, k, v = qkv.view(b, length, 3, n_heads, head_dim).permute(2, 0, 3, 1, 4)  # (B, h, L, d)
-    q, k = rotary(q, k)
+    qkv = qkv.view(b, length, 3, n_heads, head_dim)
+    qk = rotary.rotate(qkv[:, :, :2], seq_dim=1)  # q and k in one pass: (B, L, 2, h, d)
+    q, k = qk.permute(2, 0, 3, 1, 4)  # (B, h, L, d) each
+    v = qkv[:, :, 2].transpose(1, 2)  # (B, h, L, d)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=False)  # (B, h, L, d)
     return out.transpose(1, 2).reshape(b, length, n_heads * head_dim)

@@ -78,8 +78,14 @@ class AdaLayerNorm(nn.Module):
         self.dim = dim
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        gamma, beta = self.gamma_beta(c)[:, None].chunk(2, dim=-1)  # (B, 1, H) each
-        return gamma * F.layer_norm(x, (self.dim,)) + beta  # (B, L, H)
+        # gamma, beta may be bf16 under autocast; the product is taken in x's dtype (fp32 for the
+        # residual stream), as gamma * layer_norm(x) + beta promotes it
+        gamma, beta = self.gamma_beta(c).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
+        if x.shape[0] == 1:
+            # one row (the CPU's forward block): layer norm's own affine applies gamma and beta
+            # in the same kernel
+            return F.layer_norm(x, (self.dim,), gamma[0], beta[0])  # (1, L, H)
+        return torch.addcmul(beta[:, None], gamma[:, None], F.layer_norm(x, (self.dim,)))
 
 
 class ST3Attention(nn.Module):
