@@ -100,8 +100,9 @@ class RotaryEmbedding(nn.Module):
         if self._table is None or self._table[0] != key:
             pos = torch.arange(seq_len, device=device, dtype=freq.dtype)
             freqs = torch.outer(pos, freq)  # (L, d/2)
-            cos = torch.cat([freqs, freqs], dim=-1).cos()  # (L, d)
-            sin_signed = torch.cat([-freqs.sin(), freqs.sin()], dim=-1)  # (L, d)
+            cos, sin = freqs.cos(), freqs.sin()
+            cos = torch.cat([cos, cos], dim=-1)  # (L, d)
+            sin_signed = torch.cat([-sin, sin], dim=-1)  # (L, d)
             self._table = (key, cos.to(dtype), sin_signed.to(dtype))
         return self._table[1], self._table[2]
 
