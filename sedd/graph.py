@@ -20,7 +20,12 @@ from __future__ import annotations
 import abc
 
 import torch
-import torch.nn.functional as F
+
+
+def one_hot(i: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(..., dim) one-hot rows of ``i``. Unlike ``F.one_hot`` it does not read ``i``'s range
+    back to the host (a sync per call on CUDA); indices come from the sampler, in range."""
+    return torch.zeros(*i.shape, dim, dtype=dtype, device=i.device).scatter_(-1, i[..., None], 1)
 
 
 def _expm1_sigma(sigma: torch.Tensor) -> torch.Tensor:
@@ -111,17 +116,17 @@ class AbsorbingGraph(Graph):
 
     def rate(self, i: torch.Tensor) -> torch.Tensor:
         mask = torch.full_like(i, self.dim - 1)
-        return (F.one_hot(mask, self.dim) - F.one_hot(i, self.dim)).float()
+        return one_hot(mask, self.dim) - one_hot(i, self.dim)
 
     def transp_rate(self, i: torch.Tensor) -> torch.Tensor:
         # Row i of Q: -1 on the diagonal; the mask row additionally receives +1 from every state.
-        edge = -F.one_hot(i, self.dim).float()
+        edge = -one_hot(i, self.dim)
         return edge + (i == self.dim - 1).float()[..., None]
 
     def transp_transition(self, i: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         sigma = torch.broadcast_to(sigma, i.shape)
         stay = torch.exp(-sigma)[..., None]  # (..., 1)
-        edge = stay * F.one_hot(i, self.dim).to(stay.dtype)
+        edge = stay * one_hot(i, self.dim, stay.dtype)
         return edge + torch.where(i == self.dim - 1, -torch.expm1(-sigma), 0.0)[..., None]
 
     def staggered_score(self, score: torch.Tensor, dsigma: torch.Tensor) -> torch.Tensor:

@@ -146,14 +146,36 @@ class PrecisionPolicy:
         return amp_name(self.amp_dtype)
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        """Autocast for a model forward only (rule 2); a no-op for fp32."""
+    def autocast(self, *, cache: bool = True) -> Iterator[None]:
+        """Autocast for a model forward only (rule 2); a no-op for fp32. ``cache=False`` keeps
+        autocast from caching the weights' casts (required while a CUDA graph is captured)."""
         if self.amp_dtype is None:
             with torch.autocast(self.device.type, enabled=False):
                 yield
         else:
-            with torch.autocast(self.device.type, dtype=self.amp_dtype):
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, cache_enabled=cache):
                 yield
+
+    def block_scores(
+        self,
+        model: ScoreModel,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+        *,
+        amp: bool = True,
+    ) -> torch.Tensor:
+        """(B, L, V) fp32 output of one forward of ``model`` over the block ``x`` (B, L), under
+        this policy (``amp=False``: autocast off, for the rule-5 recomputation). No host sync:
+        the sampler checks finiteness on the device."""
+        region = self.autocast(cache=not _capturing()) if amp else self._fp32()
+        with torch.inference_mode(), region:
+            raw = model(x, sigma, labels=labels, cell_types=cell_types)
+        return self._gather_fp32(raw, None)
+
+    def _fp32(self) -> contextlib.AbstractContextManager[None]:
+        return torch.autocast(self.device.type, enabled=False)
 
     def forward(
         self,
@@ -263,6 +285,11 @@ class PrecisionPolicy:
             "torch_version": str(torch.__version__),
             "fp32_fallbacks": int(fp32_fallbacks),
         }
+
+
+def _capturing() -> bool:
+    """True while a CUDA graph is being captured on this thread's stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def resolve_precision(

@@ -26,8 +26,7 @@ class EngineSampler(Sampler):
         num_cells: int | None = None,
         *,
         steps: int,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
+        seed: int = 0,
         num_genes: int | None = None,
         first_cell: int = 0,
         labels: torch.Tensor | None = None,
@@ -42,16 +41,13 @@ class EngineSampler(Sampler):
     ) -> torch.Tensor:
         """Draw ``num_cells`` sequences of tokens with ``steps`` reverse steps (+ the denoise).
 
-        Cell i draws from its own stream (seed, first_cell + i), whatever else runs with it; or
-        pass one ``generator`` for all the rows instead (then a cell depends on its batch).
+        Cell i draws from its own stream (seed, first_cell + i), whatever else runs with it.
         Imputation: ``x_init`` (N, G) holds given tokens (the mask elsewhere) and ``fixed`` marks
         them; they never change. Time runs over ``sedd.sampling.time_grid(steps, eps, time_grid)``;
         with
         ``denoise`` a last step goes to 0. ``on_step`` sees each step's ``JobProgress``.
         Returns (N, G) tokens on the sampler's device.
         """
-        if (seed is None) == (generator is None):
-            raise ValueError("pass seed= or generator= (not both): every draw is reproducible.")
         if num_cells is None:
             num_cells = next((v.shape[0] for v in (x_init, labels) if v is not None), 0)
         job = EngineJob(
@@ -59,7 +55,7 @@ class EngineSampler(Sampler):
             steps=steps,
             sampler=self.predictor,
             temperature=temperature,
-            seed=0 if seed is None else seed,
+            seed=seed,
             first_cell=first_cell,
             labels=None if labels is None else labels.cpu(),
             cell_types=None if cell_types is None else cell_types.cpu(),
@@ -68,7 +64,6 @@ class EngineSampler(Sampler):
             eps=eps,
             grid=time_grid,
             denoise=denoise,
-            generator=generator,
         )
         limits = JobLimits.of_module(self.model, num_genes)
         engine = Engine(self, limits, max_rows_per_forward=max(num_cells, 1))

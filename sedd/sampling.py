@@ -5,9 +5,9 @@ state, so one instance serves any number of requests. The loop over time (``time
 batching engine's (``sedd.engine``): every path that samples cells submits jobs to it, and
 ``sedd.samplers`` keeps st3's ``EulerSampler(...).sample(...)`` as a thin call into it.
 
-Randomness comes from one ``torch.Generator`` per row (cell): a cell's draws depend only on its
-own generator, never on which other rows share its batch. ``cell_generators(seed, cell_indices)``
-derives them, so cell i of a request is reproducible from (seed, i) alone.
+Randomness is counter-based (``sedd.randomness``): the uniform that row b draws at gene g is
+Philox of (seed, cell, step, g), so a cell's draws depend on nothing but (seed, cell index), and
+every row of a block gets its numbers in one chain of integer ops.
 
 The reverse step from time t to s < t (per row) at the positions that can still change:
 
@@ -22,22 +22,31 @@ An x0 model (st3) predicts p(x_0 | x_t); under the absorbing graph its concrete 
 position is s_y = p(x_0 = y | x_t) / (e^sigma - 1) for y != mask (and 1 at the mask itself). With
 log-linear noise both predictors then unmask exactly (t - s) / t of the masked positions, 1/N at
 the first of N uniform steps (st3 draws p_unmask = 1 - exp(-sigma'(t) dt), ~100% at t = 1).
+
+Static shapes, no host syncs. ``Sampler.propose`` computes the transition at every position of a
+fixed row block and keeps the old token where the position cannot change (``torch.where``, not a
+boolean gather), so its shapes depend only on the block, it never reads a value back, and on CUDA
+it can be captured once and replayed (``sedd.cuda_graphs``). What the host must know (rows whose
+output was not finite, positions left to unmask) comes back as one small (B, 2) tensor that the
+caller reads once (``Proposal.summary``); ``Sampler.step`` does that for callers outside the
+engine and recomputes non-finite rows in fp32 (docs/precision.md rule 5).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from sedd.graph import Graph
+from sedd.cuda_graphs import GraphedSteps
+from sedd.graph import Graph, one_hot
 from sedd.noise import Noise
-from sedd.precision import PrecisionPolicy, ScoreModel, resolve_precision
+from sedd.precision import NonFiniteScoreError, PrecisionPolicy, ScoreModel, resolve_precision
+from sedd.randomness import Purpose, cell_uniforms
 from sedd.schedule import time_grid
+from sedd.step_rows import StepPlan, StepRows
 
 Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
@@ -46,17 +55,30 @@ __all__ = [
     "DEFAULT_TOKENS_PER_FORWARD",
     "DenoiseMode",
     "Predictor",
+    "Proposal",
     "Sampler",
     "StepOutput",
+    "StepPlan",
+    "StepRows",
     "block_rows_for",
-    "cell_generators",
     "sample_categorical",
     "start_tokens",
     "time_grid",  # sedd.schedule's, here too: the step maths and the grid it runs on
 ]
 
-# Positions handled per chunk of the fp32 transition / fp64 draw work, bounding temporaries.
-_CHUNK_POSITIONS = 1 << 16
+
+@dataclass(frozen=True)
+class Proposal:
+    """What ``Sampler.propose`` returns, all on the device, nothing read back yet."""
+
+    tokens: torch.Tensor  # (B, L) the new tokens; the input is not modified
+    nonfinite: torch.Tensor  # (B,) bool: the row's output held NaN/Inf where it could change
+    active: torch.Tensor  # (B,) int64: positions that can still change after the step
+    model_calls: int  # model forwards run (row blocks)
+
+    def summary(self) -> torch.Tensor:
+        """(B, 2) int64 [non-finite, still active]: the one small tensor the host reads back."""
+        return torch.stack([self.nonfinite.long(), self.active], dim=1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +88,7 @@ class StepOutput:
     tokens: torch.Tensor  # (B, L) the new tokens; the input is not modified
     fp32_fallback_rows: tuple[int, ...] = ()  # rows whose score was recomputed in fp32
     model_calls: int = 0  # model forwards run: row blocks, plus any fp32 recomputation
+    active: np.ndarray | None = None  # (B,) per row, the positions that can still change
 
 
 # Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
@@ -88,50 +111,23 @@ def block_rows_for(
     return max(1, budget // max(num_genes, 1))
 
 
-def cell_generators(
-    seed: int,
-    cell_indices: Sequence[int] | range,
-    device: torch.device | str = "cpu",
-    stream: int = 0,
-) -> list[torch.Generator]:
-    """One generator per cell, seeded from (seed, cell index) through NumPy's SeedSequence.
-
-    Cell i's stream is the same whatever batch, shard or server request it runs in. ``stream``
-    1 is a second, independent stream per cell (the uniform graph's starting tokens).
-    """
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}.")
-    gens = []
-    for i in cell_indices:
-        entropy = [seed, int(i)] if stream == 0 else [seed, int(i), stream]
-        state = np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0]
-        gens.append(torch.Generator(device=device).manual_seed(int(state)))
-    return gens
-
-
 def start_tokens(
     graph: Graph,
     num_rows: int,
     num_genes: int,
     device: torch.device | str = "cpu",
     *,
-    seed: int | None = None,
+    seed: int = 0,
     first_cell: int = 0,
-    generators: Sequence[torch.Generator] = (),
 ) -> torch.Tensor:
     """(num_rows, num_genes) tokens at t = 1: all-mask for the absorbing graph; for the uniform
-    graph, row r drawn from stream 1 of cell (seed, first_cell + r), or without a seed from
-    ``generators`` (one per row, or one shared)."""
+    graph, row r drawn uniformly from the START stream of cell (seed, first_cell + r)."""
     if graph.absorb:
         return graph.sample_limit(num_rows, num_genes, device=device)
-    if seed is not None:
-        generators = cell_generators(seed, range(first_cell, first_cell + num_rows), device, 1)
-    if len(generators) == 1:
-        return graph.sample_limit(num_rows, num_genes, generator=generators[0], device=device)
-    if len(generators) != num_rows:
-        raise ValueError(f"need one generator per row: {num_rows} rows, {len(generators)}.")
-    rows = [graph.sample_limit(1, num_genes, generator=g, device=device) for g in generators]
-    return torch.cat(rows)  # (num_rows, num_genes)
+    cells = torch.arange(first_cell, first_cell + num_rows, device=device)
+    seeds = torch.full_like(cells, seed)
+    u = cell_uniforms(seeds, cells, torch.zeros_like(cells), num_genes, Purpose.START)
+    return (u * graph.dim).long().clamp_max(graph.dim - 1)  # (num_rows, num_genes)
 
 
 def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -157,23 +153,26 @@ def _temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tenso
     """Raise the jump probabilities (all but the current token's) to 1/T, keeping their total.
 
     For an x0 model this is softmax(logits / T) over the candidates; the chance of moving at all
-    (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when.
+    (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when. ``probs``
+    (..., V), ``current`` (...), ``temperature`` broadcasting against (..., 1).
     """
-    jump = probs.clamp_min(0).scatter(-1, current[:, None], 0.0)  # (M, V)
+    here = current[..., None]
+    jump = probs.clamp_min(0).scatter(-1, here, 0.0)  # (..., V)
     mass = jump.sum(dim=-1, keepdim=True)
-    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature[:, None]
+    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature
     tempered = torch.softmax(log_jump.masked_fill(jump <= 0, -torch.inf), dim=-1)
     tempered = torch.nan_to_num(tempered, nan=0.0) * mass
-    stay = probs.gather(-1, current[:, None]).clamp_min(0)
-    return tempered.scatter(-1, current[:, None], stay)
+    stay = probs.gather(-1, here).clamp_min(0)
+    return tempered.scatter(-1, here, stay)
 
 
 class Sampler:
     """The reverse step over a score model (see ``sedd.model`` for the protocol).
 
     ``predictor`` is the default Euler or analytic (Tweedie) step of rows that do not choose
-    (``step(analytic=...)`` chooses per row). ``use_amp``/``amp_dtype`` follow st3's constructor;
-    ``precision`` (a resolved ``PrecisionPolicy``) overrides them.
+    (``StepRows.analytic`` chooses per row). ``use_amp``/``amp_dtype`` follow st3's constructor;
+    ``precision`` (a resolved ``PrecisionPolicy``) overrides them. ``cuda_graphs`` replays each
+    fixed-shape block step from a captured CUDA graph (CUDA only; eager elsewhere).
     """
 
     predictor: Predictor = "euler"
@@ -191,6 +190,7 @@ class Sampler:
         denoise: DenoiseMode = "sample",
         predictor: Predictor | None = None,
         block_rows: int | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if model.vocab_size != graph.dim:
             raise ValueError(
@@ -221,74 +221,67 @@ class Sampler:
         self.block_rows = block_rows  # rows per model forward (fixed shape); None: the batch
         if predictor is not None:
             self.predictor = predictor
+        self.graphs = GraphedSteps(self._block_step, enabled=cuda_graphs, device=self.device)
 
     # ---- the step -------------------------------------------------------------------------
 
-    def step(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        s: torch.Tensor,
-        generators: Sequence[torch.Generator],
-        labels: torch.Tensor | None = None,
-        cell_types: torch.Tensor | None = None,
-        temperature: float | torch.Tensor = 1.0,
-        fixed: torch.Tensor | None = None,
-        analytic: torch.Tensor | None = None,
-    ) -> StepOutput:
-        """One reverse step of every row from time t to s (both (B,), fp64; rows may differ).
+    def step(self, rows: StepRows, plan: StepPlan | None = None) -> StepOutput:
+        """One reverse step of every row from its t to its s (rows with s == 0 are denoised).
 
-        x: (B, L) tokens; ``generators``: one per row (each cell its own stream), or a single one
-        shared by all rows (one request). Rows with s == 0 are denoised (final step).
-        ``fixed`` (B, L) bool marks given positions that never change (imputation).
-        ``analytic`` (B,) bool picks the analytic step per row (default: this sampler's
-        predictor for all rows), so requests of both predictors can share one forward.
-        Returns the new (B, L) tokens (``x`` is not modified) and the rows recomputed in fp32.
+        For callers outside the engine: reads the result back (host syncs), recomputes rows
+        whose output was not finite in fp32, and skips the forward when nothing can change.
+        Raises ``NonFiniteScoreError`` when fp32 fails too.
         """
-        num_rows = x.shape[0]
-        if len(generators) not in (1, num_rows):
-            raise ValueError(
-                f"need one generator per row or one in all: {num_rows} rows, {len(generators)}."
+        if not bool(self._active(rows.x, rows.fixed).any()):
+            return StepOutput(rows.x, (), 0, np.zeros(rows.num_rows, dtype=np.int64))
+        plan = StepPlan.of_rows(rows) if plan is None else plan
+        proposal = self.propose(rows, plan)
+        return self.settle(rows, plan, proposal, proposal.summary().cpu().numpy())
+
+    def propose(self, rows: StepRows, plan: StepPlan, *, amp: bool = True) -> Proposal:
+        """The step's new tokens on the device, with no host sync: the model runs on blocks of
+        exactly ``block_rows`` rows (the last padded with copies of its last row), and each block
+        is one fixed-shape computation (one CUDA graph replay where graphs are on)."""
+        total = rows.num_rows
+        size = total if self.block_rows is None else self.block_rows
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for lo in range(0, total, size):
+            hi = min(lo + size, total)
+            if hi - lo == size:  # a full block: views, no copy
+                block = rows.take(slice(lo, hi))
+            else:
+                index = torch.arange(lo, lo + size, device=rows.x.device).clamp_max(hi - 1)
+                block = rows.take(index)
+            tokens, nonfinite, active = self.graphs.run(block, plan, amp)
+            parts.append((tokens[: hi - lo], nonfinite[: hi - lo], active[: hi - lo]))
+        if len(parts) == 1:
+            return Proposal(*parts[0], model_calls=1)
+        tokens, nonfinite, active = (torch.cat(p) for p in zip(*parts, strict=True))
+        return Proposal(tokens, nonfinite, active, model_calls=len(parts))
+
+    def settle(
+        self, rows: StepRows, plan: StepPlan, proposal: Proposal, summary: np.ndarray
+    ) -> StepOutput:
+        """Finish a proposal given its ``summary`` (B, 2) as read back: rows whose output was not
+        finite are stepped again with autocast off (rule 5), drawing the same uniforms."""
+        bad = np.flatnonzero(summary[:, 0])
+        active = summary[:, 1].copy()
+        if not bad.size:
+            return StepOutput(proposal.tokens, (), proposal.model_calls, active)
+        # precision: rule 5, recompute only the affected rows with autocast off.
+        index = torch.from_numpy(bad).to(rows.x.device)
+        redo = self.propose(rows.take(index), plan, amp=False)
+        redone = redo.summary().cpu().numpy()
+        if redone[:, 0].any():
+            still = bad[redone[:, 0] != 0].tolist()
+            raise NonFiniteScoreError(
+                f"model output is not finite for rows {still} even in fp32; "
+                "check the checkpoint weights and the inputs."
             )
-        active = self.graph.active_positions(x)  # (B, L)
-        if fixed is not None:
-            active &= ~fixed
-        if not active.any():
-            return StepOutput(x)
-        t = t.to(device=x.device, dtype=torch.float64)
-        s = s.to(device=x.device, dtype=torch.float64)
-        sigma_t = self.noise.total_noise(t)  # (B,)
-        out, fallback_rows = self.precision.forward(  # (M, V) fp32 at the active positions
-            self.model, x, sigma_t.float(), labels, cell_types, active, self.block_rows
-        )
-        calls = self.model_calls(num_rows) + self.model_calls(len(fallback_rows))
-        per_row = active.sum(dim=1)
-        rows = torch.repeat_interleave(torch.arange(num_rows, device=x.device), per_row)  # (M,)
-        uniforms = self._uniforms(generators, per_row, x.device)  # (M,) fp64, like x[active]
-        temp = torch.as_tensor(temperature, dtype=torch.float32, device=x.device)
-        temp = temp.expand(num_rows) if temp.ndim == 0 else temp
-        if analytic is None:
-            analytic = torch.full((num_rows,), self.predictor == "analytic", device=x.device)
-        analytic = analytic.to(x.device)
-        if (temp <= 0).any():
-            raise ValueError(f"temperature must be > 0, got {temp.min().item()}.")
-        current = x[active]
-        new = torch.empty_like(current)
-        sigma_s = torch.where(s > 0, self.noise.total_noise(s.clamp_min(0)), 0.0)
-        for lo in range(0, current.shape[0], _CHUNK_POSITIONS):
-            sl = slice(lo, lo + _CHUNK_POSITIONS)
-            r = rows[sl]
-            tweedie = (s[r] <= 0) | analytic[r]
-            probs = self._transition_probs(
-                out[sl], current[sl], sigma_t[r], sigma_s[r], t[r], s[r], s[r] <= 0, tweedie
-            )
-            hot = temp[r] != 1  # only tempered rows go through _temper: T = 1 rows stay exact
-            if hot.any():
-                probs[hot] = _temper(probs[hot], current[sl][hot], temp[r][hot])
-            new[sl] = self._draw(probs, uniforms[sl], s[r] <= 0)
-        x_next = x.clone()
-        x_next[active] = new
-        return StepOutput(x_next, fallback_rows, calls)
+        active[bad] = redone[:, 1]
+        tokens = proposal.tokens.index_copy(0, index, redo.tokens)
+        calls = proposal.model_calls + redo.model_calls
+        return StepOutput(tokens, tuple(bad.tolist()), calls, active)
 
     def model_calls(self, rows: int) -> int:
         """Model forwards that ``rows`` rows take: one per block of ``block_rows`` (one in all
@@ -297,59 +290,45 @@ class Sampler:
             return 0
         return 1 if self.block_rows is None else -(-rows // self.block_rows)
 
-    @staticmethod
-    def _uniforms(
-        generators: Sequence[torch.Generator], per_row: torch.Tensor, device: torch.device
-    ) -> torch.Tensor:
-        """fp64 uniforms for the active positions, row-major, from the rows' generators.
+    def _active(self, x: torch.Tensor, fixed: torch.Tensor | None) -> torch.Tensor:
+        """(B, L) bool: positions whose token can still change."""
+        active = self.graph.active_positions(x)
+        return active if fixed is None else active & ~fixed
 
-        Consecutive rows sharing one generator (a job with one stream for all its rows) draw in
-        one call: the same numbers, in the same order, as one call per row.
-        """
-        if len(generators) == 1:
-            total = int(per_row.sum())
-            return torch.rand(total, generator=generators[0], dtype=torch.float64, device=device)
-        counts = per_row.tolist()
-        runs: list[tuple[torch.Generator, int]] = []
-        for g, n in zip(generators, counts, strict=True):
-            if runs and runs[-1][0] is g:
-                runs[-1] = (g, runs[-1][1] + int(n))
-            else:
-                runs.append((g, int(n)))
-        return torch.cat(
-            [
-                torch.rand(n, generator=g, dtype=torch.float64, device=device)
-                for g, n in runs
-                if n > 0
-            ]
-            or [torch.empty(0, dtype=torch.float64, device=device)]
+    def _block_step(
+        self, rows: StepRows, plan: StepPlan, amp: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active)."""
+        x = rows.x  # (b, L)
+        active = self._active(x, rows.fixed)
+        sigma_t = self.noise.total_noise(rows.t)  # (b,) fp64
+        out = self.precision.block_scores(  # (b, L, V) fp32
+            self.model, x, sigma_t.float(), rows.labels, rows.cell_types, amp=amp
         )
+        nonfinite = (~torch.isfinite(out).all(dim=-1) & active).any(dim=-1)  # (b,)
+        final = rows.s <= 0  # (b,)
+        sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
+        probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
+        if plan.any_tempered:  # only tempered rows take _temper: T = 1 rows stay exact
+            temp = rows.temperature[:, None, None]  # (b, 1, 1)
+            probs = torch.where(temp != 1, _temper(probs, x, temp), probs)
+        uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
+        drawn = sample_categorical(probs.flatten(0, 1), uniforms.flatten()).view_as(x)
+        if self.denoise_mode == "argmax" and plan.any_final:
+            drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
+        tokens = torch.where(active, drawn, x)  # (b, L)
+        return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1)
 
-    def denoise(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        generators: Sequence[torch.Generator],
-        labels: torch.Tensor | None = None,
-        cell_types: torch.Tensor | None = None,
-        temperature: float | torch.Tensor = 1.0,
-        fixed: torch.Tensor | None = None,
-    ) -> StepOutput:
-        """Final denoise at time t: every remaining mask becomes a real token."""
-        return self.step(
-            x, t, torch.zeros_like(t), generators, labels, cell_types, temperature, fixed
-        )
-
-    def _score(self, out: torch.Tensor, current: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """Concrete score (ratios) at active positions, (M, V) fp32, for either parametrisation."""
+    def _score(self, out: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Concrete score (ratios), (b, L, V) fp32, for either parametrisation."""
         if self.model.parametrisation == "score":
             return out.exp()
         # x0: p(x_0 | x_t) over real tokens, divided by e^sigma - 1; the mask's own entry is 1.
         mask = self.graph.dim - 1
-        log_p0 = torch.log_softmax(out[:, :mask], dim=-1)  # (M, V-1), mask class excluded
-        log_scale = torch.log(torch.expm1(sigma.float()))[:, None]  # (M, 1)
+        log_p0 = torch.log_softmax(out[..., :mask], dim=-1)  # (b, L, V-1), mask class excluded
+        log_scale = torch.log(torch.expm1(sigma.float()))[:, None, None]  # (b, 1, 1)
         score = torch.exp(log_p0 - log_scale)
-        return torch.cat([score, torch.ones_like(score[:, :1])], dim=-1)
+        return torch.cat([score, torch.ones_like(score[..., :1])], dim=-1)
 
     def _transition_probs(
         self,
@@ -357,39 +336,33 @@ class Sampler:
         current: torch.Tensor,
         sigma_t: torch.Tensor,
         sigma_s: torch.Tensor,
-        t: torch.Tensor,
-        s: torch.Tensor,
+        rows: StepRows,
         final: torch.Tensor,
-        tweedie: torch.Tensor,
+        plan: StepPlan,
     ) -> torch.Tensor:
-        """Unnormalised p(x_s = y | x_t) at each active position, (M, V) fp32.
+        """Unnormalised p(x_s = y | x_t) at every position, (b, L, V) fp32.
 
-        ``tweedie`` (M,) marks positions taking the analytic update (analytic rows and the final
-        denoise); the others take the Euler step.
+        Rows on the analytic step and the final denoise take the Tweedie update, the others the
+        Euler step; the plan says which occur, so a step computes only the branches it needs.
         """
-        score = self._score(out, current, sigma_t)
-        # Final denoise (and every analytic step) is the Tweedie update at dsigma.
-        dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()
-        if tweedie.all():
-            probs = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
+        score = self._score(out, sigma_t)
+        probs = torch.empty(0)
+        if plan.any_euler:
+            dt_rate = ((rows.t - rows.s) * self.noise.rate_noise(rows.t)).float()  # (b,)
+            onehot = one_hot(current, self.graph.dim)
+            probs = onehot + dt_rate[:, None, None] * self.graph.reverse_rate(current, score)
+        if plan.any_tweedie:
+            # Final denoise (and every analytic step) is the Tweedie update at dsigma.
+            dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()[:, None]  # (b, 1)
+            tweedie = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
                 current, dsigma
             )
-        else:
-            dt_rate = ((t - s) * self.noise.rate_noise(t)).float()  # (M,)
-            onehot = F.one_hot(current, self.graph.dim).float()
-            probs = onehot + dt_rate[:, None] * self.graph.reverse_rate(current, score)
-            if tweedie.any():
-                d = dsigma[tweedie]
-                tw = self.graph.staggered_score(score[tweedie], d)
-                probs[tweedie] = tw * self.graph.transp_transition(current[tweedie], d)
-        if self.graph.absorb and final.any():
-            probs[final, self.graph.dim - 1] = 0.0  # the mask is never emitted
+            if plan.any_euler:
+                on_tweedie = (final | rows.analytic)[:, None, None]
+                probs = torch.where(on_tweedie, tweedie, probs)
+            else:
+                probs = tweedie
+        if self.graph.absorb and plan.any_final:  # the mask is never emitted
+            mask = self.graph.dim - 1
+            probs[..., mask] = torch.where(final[:, None], 0.0, probs[..., mask])
         return probs
-
-    def _draw(
-        self, probs: torch.Tensor, uniforms: torch.Tensor, final: torch.Tensor
-    ) -> torch.Tensor:
-        drawn = sample_categorical(probs, uniforms)
-        if self.denoise_mode == "argmax" and final.any():
-            drawn[final] = probs[final].argmax(dim=-1)
-        return drawn

@@ -32,7 +32,7 @@ from sedd.model import SEDDPerturbationTransformer
 from sedd.noise import noise_from_config
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
 from sedd.samplers import AnalyticSampler, EulerSampler
-from sedd.sampling import Sampler, block_rows_for
+from sedd.sampling import Proposal, Sampler, StepPlan, StepRows, block_rows_for
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
@@ -139,11 +139,11 @@ def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():
         hook.remove()
     # a step that finds nothing masked runs no forward and is not counted
     x = torch.zeros(3, GENES, dtype=torch.long)
-    out = EulerSampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32).step(
-        x, torch.full((3,), 0.5, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
-        [torch.Generator()], labels=torch.ones(3, dtype=torch.long),
+    rows = StepRows.of_request(
+        x, 0.5, 0.0, labels=torch.ones(3, dtype=torch.long),
         cell_types=torch.zeros(3, dtype=torch.long),
     )  # fmt: skip
+    out = EulerSampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32).step(rows)
     assert out.model_calls == 0 and torch.equal(out.tokens, x)
 
 
@@ -370,20 +370,25 @@ def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
     assert max(model.ran) <= 4 and 3 in model.ran and 2 in model.ran  # one forward per job
 
 
-def test_a_failure_after_the_draws_restores_every_rows_random_stream(monkeypatch):
+def test_a_step_that_fails_after_drawing_is_retried_with_the_same_draws(monkeypatch):
+    """Counter-based streams: a step that ran (and drew) and then failed is simply run again;
+    nothing was used up, so every cell equals its solo run."""
     engine = Engine.for_model(LOADED, FP32)
-    draw = engine.sampler._uniforms
+    propose = engine.sampler.propose
+    failures: list[int] = []
 
-    def flaky(generators, per_row, device):
-        uniforms = draw(generators, per_row, device)  # the streams advance, then it fails
-        if len(generators) > 3:
+    def flaky(rows: StepRows, plan: StepPlan, *, amp: bool = True) -> Proposal:
+        proposal = propose(rows, plan, amp=amp)  # the draws happen, then it fails
+        if rows.num_rows > 3:
+            failures.append(rows.num_rows)
             raise torch.OutOfMemoryError("CUDA out of memory.")
-        return uniforms
+        return proposal
 
-    monkeypatch.setattr(engine.sampler, "_uniforms", flaky)
+    monkeypatch.setattr(engine.sampler, "propose", flaky)
     jobs = [job(2, seed=1), job(2, seed=2, label=3), job(1, seed=3)]
     handles = [engine.submit(j) for j in jobs]
     run_until_idle(engine)
+    assert failures[0] == 5 and max(failures) == 5  # the packed step failed, then split
     for j, h in zip(jobs, handles, strict=True):
         assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
 

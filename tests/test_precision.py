@@ -20,7 +20,7 @@ from sedd.precision import (
     resolve_precision,
 )
 from sedd.samplers import EulerSampler
-from sedd.sampling import cell_generators
+from sedd.sampling import StepRows
 
 JOINT = potts_distribution(5, 3, 2.0)
 
@@ -94,17 +94,16 @@ def test_nan_row_is_recomputed_in_fp32_and_counted():
     reference = EulerSampler(
         ExactModel(JOINT, 5, 3, "x0"), LogLinearNoise(), AbsorbingGraph(3), use_amp=False
     )
-    gens, ref_gens = cell_generators(0, range(4)), cell_generators(0, range(4))
     x = ref = torch.full((4, 5), 3)
     times = torch.tensor([1.0, 0.6, 0.3, 0.0], dtype=torch.float64)
     expected_fallbacks = fallbacks = 0
-    for t, s in itertools.pairwise(times):
+    for step, (t, s) in enumerate(itertools.pairwise(times)):
         masked = bool((ref[1] == 3).any())  # row 1 is recomputed while it has masks
         expected_fallbacks += int(masked)
-        out = sampler.step(x, t.expand(4), s.expand(4), gens)
+        out = sampler.step(StepRows.of_request(x, t, s, step=step))
         assert out.fp32_fallback_rows == ((1,) if masked else ())
         x, fallbacks = out.tokens, fallbacks + len(out.fp32_fallback_rows)
-        ref = reference.step(ref, t.expand(4), s.expand(4), ref_gens).tokens
+        ref = reference.step(StepRows.of_request(ref, t, s, step=step)).tokens
     assert expected_fallbacks >= 2 and fallbacks == expected_fallbacks
     assert sampler.precision.record(fallbacks)["fp32_fallbacks"] == expected_fallbacks
     assert int(x.max()) < 3 and int(x.min()) >= 0

@@ -15,7 +15,7 @@ from sedd.graph import AbsorbingGraph, UniformGraph
 from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
 from sedd.noise import GeometricNoise, LogLinearNoise
 from sedd.samplers import AnalyticSampler, EulerSampler, PerturbationEulerSampler
-from sedd.sampling import Sampler, cell_generators, start_tokens
+from sedd.sampling import Sampler, StepRows, start_tokens
 
 
 class FlatX0Model(nn.Module):
@@ -121,17 +121,6 @@ def test_cell_depends_only_on_seed_and_index_not_batch():
     whole = sampler.sample(12, steps=6, seed=3)
     tail = sampler.sample(5, steps=6, seed=3, first_cell=7)
     assert torch.equal(whole[7:], tail)
-
-
-def test_cell_generators_are_distinct_and_reproducible():
-    g1 = cell_generators(0, range(3))
-    g2 = cell_generators(0, [2, 1, 0])
-    draws1 = [torch.rand(2, generator=g).tolist() for g in g1]
-    draws2 = [torch.rand(2, generator=g).tolist() for g in g2]
-    assert draws1 == draws2[::-1]
-    assert len({tuple(d) for d in draws1}) == 3
-    with pytest.raises(ValueError, match="seed must be >= 0"):
-        cell_generators(-1, range(1))
 
 
 def test_mask_token_is_never_drawn_even_when_the_model_prefers_it():
@@ -251,7 +240,7 @@ def test_step_accepts_per_row_times_and_denoises_rows_at_s_zero():
     x = torch.full((2, 50), 4)
     t = torch.tensor([1.0, 0.5], dtype=torch.float64)
     s = torch.tensor([0.9, 0.0], dtype=torch.float64)
-    out = sampler.step(x, t, s, cell_generators(0, range(2))).tokens
+    out = sampler.step(StepRows.of_request(x, t, s)).tokens
     assert (out[1] != 4).all()  # row 1 denoised completely
     assert 0 < (out[0] != 4).sum() < 25  # row 0 unmasked ~10%
 
@@ -267,8 +256,10 @@ def test_bad_arguments_get_clear_errors():
         sampler.sample(2, steps=0, seed=0)
     with pytest.raises(ValueError, match="`temperature` must be finite"):
         sampler.sample(2, steps=2, seed=0, temperature=0.0)
-    with pytest.raises(ValueError, match="seed= or generator="):
-        sampler.sample(2, steps=2)
+    with pytest.raises(ValueError, match=r"`seed` must be in \[0, 2\*\*63 - 1\], got -1"):
+        sampler.sample(2, steps=2, seed=-1)
+    with pytest.raises(ValueError, match=r"`first_cell` must be in \[0, 2\*\*48 - num_cells\]"):
+        sampler.sample(2, steps=2, seed=0, first_cell=2**48 - 1)
     with pytest.raises(ValueError, match="`num_cells` must be >= 1, got 0"):
         sampler.sample(0, steps=2, seed=0)
     x_init = torch.full((1, 8), 4)

@@ -59,8 +59,7 @@ def draw(
         use_amp=precision == "bf16",
         amp_dtype=torch.bfloat16,
     )
-    generator = torch.Generator().manual_seed(seed)
-    return sampler.sample(SAMPLES, steps=steps, generator=generator, eps=EPS)
+    return sampler.sample(SAMPLES, steps=steps, seed=seed, eps=EPS)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -104,7 +103,7 @@ def test_imputation_samples_the_exact_conditional():
     fixed = torch.zeros_like(x_init, dtype=torch.bool)
     fixed[:, 0] = True
     samples = sampler.sample(
-        steps=STEPS, x_init=x_init, fixed=fixed, generator=torch.Generator().manual_seed(3), eps=EPS
+        steps=STEPS, x_init=x_init, fixed=fixed, seed=3, eps=EPS
     )
     assert bool((samples[:, 0] == 2).all())
     states = torch.cartesian_prod(*[torch.arange(TOKENS)] * POSITIONS)
@@ -120,7 +119,7 @@ def test_temperature_tempers_the_clean_token_distribution():
     sampler = EulerSampler(model, LogLinearNoise(), AbsorbingGraph(3), use_amp=False)
     for temperature in (0.5, 2.0):
         samples = sampler.sample(
-            SAMPLES, steps=4, temperature=temperature, generator=torch.Generator().manual_seed(1)
+            SAMPLES, steps=4, temperature=temperature, seed=1
         )
         tempered = torch.softmax(joint.log() / temperature, dim=0)
         counts = torch.bincount(samples[:, 0], minlength=3).double() / SAMPLES

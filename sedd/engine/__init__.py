@@ -3,7 +3,8 @@
 Every path that samples cells submits ``jobs.EngineJob`` s to an ``Engine``: the server from its
 background thread, and the Python API, the CLI, shard jobs and ``sedd bench`` in-process through
 ``offline`` (vLLM's offline ``LLM`` drives the same ``LLMEngine`` its server does). ``rows`` packs
-the in-flight rows of every job into one ``Sampler.step``.
+the in-flight rows of every job into one step, proposed on the device with no host sync and
+settled after one small readback a tick.
 
 * Admission is by rows, strictly FIFO, up to ``max_rows_per_forward`` rows in flight. The head of
   the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
@@ -17,12 +18,12 @@ the in-flight rows of every job into one ``Sampler.step``.
   size and torch version; ``tests/test_batch_invariance.py``).
 * Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
   cannot share a forward; each kind gets its own forward in the tick.
-* Faults stay with their job. Generator states are saved before each forward, so a failed forward
-  is retried without using up anyone's random stream. Out of memory: the rows are split in halves
-  and retried, and a single job that still runs out alone fails with the error. Any other error
-  (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job is retried
-  alone and only those that fail again fail. A finished job holding a mask or out-of-range token
-  fails (docs/precision.md rule 5). Nothing a job does stops the engine.
+* Faults stay with their job. Randomness is counter-based (``sedd.randomness``), so a failed
+  step is retried by computing it again: nothing to save or restore. Out of memory: the rows are
+  split in halves and retried, and a single job that still runs out alone fails with the error.
+  Any other error (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job
+  is retried alone and only those that fail again fail. A finished job holding a mask or
+  out-of-range token fails (docs/precision.md rule 5). Nothing a job does stops the engine.
 * The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
   A progress hook's ``Exception`` is logged, never raised; a ``BaseException`` (a kill) is not.
 """

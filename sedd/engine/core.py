@@ -3,11 +3,16 @@
 This is the only sampling loop in the codebase. The server ticks it on a background thread
 (``start``); the Python API, the CLI, shard jobs and ``sedd bench`` tick it in their own thread
 (``sedd.engine.offline``). Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave,
-waiting rows join, then one ``Sampler.step`` moves every in-flight row one step on its own job's
+waiting rows join, then one packed step moves every in-flight row one step on its own job's
 ``time_grid(steps, eps)``, followed by the denoise to s = 0, with per-row t, s, temperature,
-predictor, conditioning and generator (``sedd.engine.rows``). Cell i of a job draws from stream
-(seed, first_cell + i), and the model runs on fixed row blocks, so its tokens are those of the
-same cell run alone, bit for bit.
+predictor, conditioning and random stream (``sedd.engine.rows``). Cell i of a job draws from
+stream (seed, first_cell + i) (``sedd.randomness``), and the model runs on fixed row blocks, so
+its tokens are those of the same cell run alone, bit for bit.
+
+A tick makes one host sync in the usual case: the step is proposed on the device for every kind
+of conditioning, then one small (rows, 2) tensor comes back (rows whose output was not finite,
+positions left to unmask), from which the host keeps its bookkeeping (finished rows, progress,
+the masked fraction, the fp32 fallback). A finished job's tokens cross once, at its end.
 
 Admission, fixed row blocks and faults: the package docstring (``sedd.engine``).
 """
@@ -22,8 +27,6 @@ from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from typing import Any
 
-import torch
-
 from sedd.checkpoints import LoadedModel
 from sedd.engine.jobs import (
     EngineFull,
@@ -37,17 +40,10 @@ from sedd.engine.jobs import (
     JobProgress,
     JobResult,
     JobTimeout,
-    is_out_of_memory,
     validate_job,
 )
-from sedd.engine.rows import (
-    JobState,
-    RowBlock,
-    Slice,
-    halves,
-    slice_generators,
-    step_slices,
-)
+from sedd.engine.rows import JobState, RowBlock
+from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import Sampler, block_rows_for
 
@@ -112,6 +108,7 @@ class Engine:
         self._next_id = 0
         self._tick_seconds = 0.0  # moving average of a busy tick, for retry_after
         self.last_tick_monotonic: float | None = None
+        self._stepper = Stepper(sampler, self._finish, self._observe)
 
     def submit(
         self, job: EngineJob, on_progress: Callable[[JobProgress], None] | None = None
@@ -154,12 +151,11 @@ class Engine:
         for blk in joined:
             try:
                 blk.state.materialise(graph, self.limits.num_genes, device)
-                blk.make_generators(device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only
                 self._finish(blk.state, None, err)
         blocks = [blk for blk in blocks if not blk.state.done]
         if blocks:
-            self._step(blocks)
+            self._stepper.step(blocks)
             self._retire(blocks)
             seconds = time.monotonic() - start
             old = self._tick_seconds
@@ -194,47 +190,6 @@ class Engine:
         self._active.extend(joined)
         return joined
 
-    def _step(self, blocks: list[RowBlock]) -> None:
-        """One step of every block: one forward per kind of conditioning."""
-        kinds: dict[tuple[object, ...], list[Slice]] = {}
-        for blk in blocks:
-            labels, cell_types = blk.state.job.labels, blk.state.job.cell_types
-            kind = (None if labels is None else labels.dim(), cell_types is None)
-            kinds.setdefault(kind, []).append((blk, 0, blk.rows))
-        for slices in kinds.values():
-            self._attempt(slices)
-        for blk in blocks:
-            if not blk.state.done:
-                blk.step += 1
-
-    def _attempt(self, slices: list[Slice]) -> None:
-        """Step ``slices`` in one forward; on failure split (OOM) or isolate the jobs (else)."""
-        slices = [sl for sl in slices if not sl[0].state.done]
-        if not slices:
-            return
-        gens = {id(g): g for g in slice_generators(slices)}.values()
-        saved = [g.get_state() for g in gens]  # a shared generator once
-        try:
-            rows, seconds, calls = step_slices(self.sampler, slices)
-        except Exception as err:  # a job's fault must never stop the engine
-            for g, state in zip(gens, saved, strict=True):
-                g.set_state(state)
-            jobs = list({id(blk.state): blk.state for blk, _, _ in slices}.values())
-            if len(jobs) == 1:
-                log.warning("job %d failed: %r", jobs[0].handle.job_id, err)
-                self._finish(jobs[0], None, err)
-            elif is_out_of_memory(err):
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                for half in halves(slices):
-                    self._attempt(half)
-            else:
-                for st in jobs:
-                    self._attempt([sl for sl in slices if sl[0].state is st])
-            return
-        if calls:  # a step with nothing left to unmask ran no forward
-            self._observe("on_forward", rows, seconds, calls)
-
     def _retire(self, blocks: list[RowBlock]) -> None:
         """Drop finished blocks, report progress, complete jobs whose rows are all done."""
         finished = [blk for blk in blocks if not blk.state.done and blk.finished]
@@ -259,11 +214,12 @@ class Engine:
             log.exception("on_progress of job %d raised", st.handle.job_id)
 
     def _complete(self, st: JobState) -> None:
-        tokens = st.x.cpu()  # (N, G)
+        tokens = st.x.cpu()  # (N, G): the job's result crosses to the host once
         graph = self.sampler.graph
         # Without the final denoise masks may remain (the caller asked for that); never beyond.
         real = graph.dim - 1 if graph.absorb and st.job.denoise else graph.dim
-        if bool((tokens < 0).any() or (tokens >= real).any()):
+        values = tokens.numpy()
+        if values.size and (values.min() < 0 or values.max() >= real):
             bad = InvalidTokensError(
                 f"job {st.handle.job_id} ended with mask or out-of-range tokens; they are not "
                 "returned (docs/precision.md rule 5)."
@@ -394,6 +350,11 @@ class Engine:
     def active_rows(self) -> int:
         with self._lock:
             return sum(blk.rows for blk in self._active)
+
+    @property
+    def readbacks(self) -> int:
+        """Device-to-host reads of step results so far: one a tick, as a rule."""
+        return self._stepper.readbacks
 
     @property
     def running(self) -> bool:

@@ -1,7 +1,8 @@
 """What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
 
 An ``EngineJob`` is one request's rows resolved to tensors (``sedd.batch.requests.job_for``
-builds them from a request: cell i on random stream (seed, i)); ``validate_job`` checks one
+builds them from a request: cell i on random stream (seed, i), ``sedd.randomness``);
+``validate_job`` checks one
 against the model's ``JobLimits`` before it is queued.
 """
 
@@ -18,6 +19,7 @@ import torch
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import TIME_GRIDS, TimeGrid
 from sedd.graph import Graph
+from sedd.randomness import MAX_CELLS, MAX_SEED, MAX_STEPS
 from sedd.sampling import Predictor
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
@@ -44,9 +46,6 @@ class EngineJob:
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
     eps: float = 1e-5  # the grid ends at t = eps (``sedd.sampling.time_grid``)
     grid: TimeGrid = "uniform"  # how t falls from 1 to eps (``sedd.sampling.time_grid``)
-    # One stream for all the job's rows instead of stream (seed, i) per cell: fewer, larger
-    # draws, but a cell then depends on its batch (tests of whole distributions use it).
-    generator: torch.Generator | None = None
     denoise: bool = True  # the final step from eps to 0; without it masks may remain
 
     @property
@@ -175,9 +174,10 @@ def validate_job(job: EngineJob, limits: JobLimits, graph: Graph) -> None:
     for name, ok, rule in (
         ("num_cells", n >= 1, ">= 1"),
         ("steps", job.steps >= 1, ">= 1"),
+        ("steps", job.steps < MAX_STEPS, "below 2**32"),
         ("temperature", math.isfinite(job.temperature) and job.temperature > 0, "finite, > 0"),
-        ("seed", job.seed >= 0, ">= 0"),
-        ("first_cell", job.first_cell >= 0, ">= 0"),
+        ("seed", 0 <= job.seed <= MAX_SEED, "in [0, 2**63 - 1]"),
+        ("first_cell", 0 <= job.first_cell <= MAX_CELLS - n, "in [0, 2**48 - num_cells]"),
         ("eps", 0.0 < job.eps < 1.0, "in (0, 1)"),
     ):
         if not ok:

@@ -1,9 +1,13 @@
-"""In-flight rows of the batching engine, and packing them into one ``Sampler.step``.
+"""In-flight rows of the batching engine, and packing them into one ``Sampler`` step.
 
 A job's rows join in blocks (``RowBlock``: rows [lo, hi) admitted at the same boundary, so on the
-same step). A forward takes a list of slices of blocks; every row brings its own t and s (its
+same step). A step takes a list of slices of blocks; every row brings its own t and s (its
 job's ``time_grid(steps, eps)``, then s = 0 for the denoise), temperature, predictor,
-conditioning and generator, so the packed step is the solo step of each row.
+conditioning and random stream (seed, cell, step), so the packed step is the solo step of each
+row. Everything per row that the host knows (times, streams, settings) is laid out in NumPy and
+copied to the device in one transfer per kind, so the ops a step launches do not grow with its
+rows; what the host learns back (non-finite rows, positions left to unmask) is one small tensor
+per tick (``Proposal.summary``), kept here as plain integers per row.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from sedd.engine.jobs import EngineJob, JobHandle, JobProgress
 from sedd.graph import Graph
-from sedd.sampling import Sampler, cell_generators, start_tokens, time_grid
+from sedd.sampling import Proposal, Sampler, StepOutput, StepPlan, StepRows, start_tokens, time_grid
 
 _EMPTY = torch.empty(0)
 
@@ -31,7 +36,11 @@ class JobState:
     submitted: float  # time.monotonic()
     started: float | None = None  # first rows admitted
     x: torch.Tensor = _EMPTY  # (N, G) tokens on the device
-    timesteps: torch.Tensor = _EMPTY  # (steps + 1,) fp64
+    labels: torch.Tensor | None = None  # the job's conditioning, moved to the device once
+    cell_types: torch.Tensor | None = None
+    fixed: torch.Tensor | None = None
+    grid: list[float] = field(default_factory=list)  # (steps + 1) times, host floats
+    active: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (N,) per row
     admitted: int = 0  # rows [0, admitted) have joined
     rows_done: int = 0
     forwards: int = 0
@@ -39,32 +48,39 @@ class JobState:
     done: bool = False  # its future is resolved
 
     def materialise(self, graph: Graph, num_genes: int | None, device: torch.device) -> None:
-        """Time grid and initial tokens (t = 1, or the job's x_init), built when rows first join."""
-        if self.timesteps.numel():
+        """Time grid, initial tokens (t = 1, or the job's x_init) and conditioning on the device,
+        and each row's count of positions that can change: built when rows first join."""
+        if self.grid:
             return
         job = self.job
-        self.timesteps = time_grid(job.steps, job.eps, job.grid)
-        if job.x_init is None:  # the uniform graph draws them from stream 1 of each cell
+        if job.x_init is None:  # the uniform graph draws them from each cell's START stream
             if num_genes is None:  # validate_job refuses this; a guard, not a user error
                 raise RuntimeError("a job without x_init needs the model's number of genes.")
-            shared = () if job.generator is None else (job.generator,)
-            seed = job.seed if job.generator is None else None
             self.x = start_tokens(
-                graph, job.num_cells, num_genes, device,
-                seed=seed, first_cell=job.first_cell, generators=shared,
-            )  # fmt: skip
+                graph, job.num_cells, num_genes, device, seed=job.seed, first_cell=job.first_cell
+            )
+            self.active = np.full(job.num_cells, num_genes, dtype=np.int64)
         else:
-            self.x = job.x_init.to(device=device, dtype=torch.long).clone()
+            x = job.x_init.to(dtype=torch.long)  # (N, G) on the CPU: counted without a sync
+            active = graph.active_positions(x)
+            if job.fixed is not None:
+                active &= ~job.fixed
+            self.active = active.sum(dim=1).numpy().astype(np.int64)
+            self.x = x.to(device=device).clone()
+        self.labels, self.cell_types, self.fixed = (
+            None if v is None else v.to(device) for v in (job.labels, job.cell_types, job.fixed)
+        )
+        self.grid = time_grid(job.steps, job.eps, job.grid).tolist()
 
     def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> JobProgress:
         """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
-        this step moved."""
+        this step moved; from host counts, no device read."""
         total = self.job.total_steps
         done = self.admitted == self.job.num_cells
         step = min((blk.step for blk in mine), default=total) if done else 0
         masked = 0.0
-        if graph.absorb:
-            masked = float((self.x == graph.mask_index).float().mean())
+        if graph.absorb:  # masked positions are the ones that can change (fixed never are)
+            masked = float(self.active.sum()) / max(self.x.numel(), 1)
         return JobProgress(step, total, rows, masked)
 
 
@@ -75,7 +91,6 @@ class RowBlock:
     state: JobState
     lo: int
     hi: int
-    generators: list[torch.Generator] = field(default_factory=list)
     step: int = 0  # steps taken; the block is done after steps + 1 (the denoise)
 
     @property
@@ -86,19 +101,16 @@ class RowBlock:
     def finished(self) -> bool:
         return self.step >= self.state.job.total_steps
 
-    def make_generators(self, device: torch.device) -> None:
-        job = self.state.job
-        if job.generator is not None:  # one stream for all the job's rows
-            self.generators = [job.generator] * self.rows
-            return
-        cells = range(job.first_cell + self.lo, job.first_cell + self.hi)
-        self.generators = cell_generators(job.seed, cells, device)
+    @property
+    def has_work(self) -> bool:
+        """Whether any of its rows has a position left that can change."""
+        return bool(self.state.active[self.lo : self.hi].any())
 
     def times(self) -> tuple[float, float]:
         """(t, s) of this block's next step; s = 0 is the final denoise."""
-        grid, steps = self.state.timesteps, self.state.job.steps
-        s = 0.0 if self.step >= steps else float(grid[self.step + 1])
-        return float(grid[self.step]), s
+        grid, steps = self.state.grid, self.state.job.steps
+        s = 0.0 if self.step >= steps else grid[self.step + 1]
+        return grid[self.step], s
 
 
 Slice = tuple[RowBlock, int, int]  # rows [a, b) of a block, counted from block.lo
@@ -117,62 +129,99 @@ def halves(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
     return first, [sl for group in groups for sl in group]
 
 
-def step_slices(sampler: Sampler, slices: list[Slice]) -> tuple[int, float, int]:
-    """Step the slices' rows in one packed step; write the new tokens back into each job.
+@dataclass(eq=False)
+class Packed:
+    """Slices stepped together on the device, waiting for the tick's readback."""
 
-    Returns (rows, seconds, model calls). Each job counts the model calls its rows were in (a
-    step whose rows are all unmasked calls the model 0 times), and its fp32 fallback rows.
-    Raises whatever the step raises, before writing anything back.
+    slices: list[Slice]
+    rows: StepRows
+    plan: StepPlan
+    proposal: Proposal
+    started: float  # time.perf_counter() when proposed
+
+
+def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepPlan]:
+    """The slices' rows as one ``StepRows`` on the sampler's device, and their ``StepPlan``.
+
+    Per-row numbers are laid out in NumPy and cross to the device in two copies; tensors are
+    sliced per slice (a job's run of rows), never per row.
     """
     device = sampler.device
     spans = [(blk, blk.lo + a, blk.lo + b) for blk, a, b in slices]  # rows of each job
-
-    def constant(value: Callable[[RowBlock], float | bool], dtype: torch.dtype) -> torch.Tensor:
-        parts = [torch.full((hi - lo,), value(blk), dtype=dtype) for blk, lo, hi in spans]
-        return torch.cat(parts).to(device)  # (B,)
-
-    def rows_of(pick: Callable[[EngineJob], torch.Tensor | None]) -> torch.Tensor | None:
-        parts = [(pick(blk.state.job), lo, hi) for blk, lo, hi in spans]
-        present = [v[lo:hi].to(device) for v, lo, hi in parts if v is not None]
-        # the engine packs only jobs with the same kind of conditioning: all or none
-        return torch.cat(present) if len(present) == len(parts) else None
-
-    x = torch.cat([blk.state.x[lo:hi] for blk, lo, hi in spans])  # (B, G)
-    t = constant(lambda blk: blk.times()[0], torch.float64)
-    s = constant(lambda blk: blk.times()[1], torch.float64)
-    temperature = constant(lambda blk: blk.state.job.temperature, torch.float32)
-    analytic = constant(lambda blk: blk.state.job.sampler == "analytic", torch.bool)
-    fixed = None
-    if any(blk.state.job.fixed is not None for blk, _, _ in spans):
-        none_fixed = torch.zeros(1, x.shape[1], dtype=torch.bool)
-        fixed = rows_of(
-            lambda job: none_fixed.expand(job.num_cells, -1) if job.fixed is None else job.fixed
-        )
-    labels = rows_of(lambda job: job.labels)
-    cell_types = rows_of(lambda job: job.cell_types)
-    gens = slice_generators(slices)
-    start = time.perf_counter()
-    out = sampler.step(x, t, s, gens, labels, cell_types, temperature, fixed, analytic)
-    seconds = time.perf_counter() - start
-    fallbacks = sorted(out.fp32_fallback_rows)
-    offset, size = 0, sampler.block_rows or x.shape[0]
-    blocks_of: dict[int, set[int]] = {}  # job -> the row blocks its rows were in
+    total = sum(hi - lo for _, lo, hi in spans)
+    reals = np.empty((4, total), dtype=np.float64)  # t, s, temperature, analytic
+    ints = np.empty((3, total), dtype=np.int64)  # seed, cell, step
+    offset, settings = 0, []
     for blk, lo, hi in spans:
-        blk.state.x[lo:hi] = out.tokens[offset : offset + hi - lo]
-        blk.state.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
-        if out.model_calls:
-            mine = blocks_of.setdefault(id(blk.state), set())
-            mine.update(range(offset // size, (offset + hi - lo - 1) // size + 1))
+        job, (t, s), end = blk.state.job, blk.times(), offset + hi - lo
+        analytic = job.sampler == "analytic"
+        reals[:, offset:end] = np.array([t, s, job.temperature, analytic])[:, None]
+        ints[0, offset:end] = job.seed
+        ints[1, offset:end] = np.arange(job.first_cell + lo, job.first_cell + hi)
+        ints[2, offset:end] = blk.step
+        settings.append((s, analytic, job.temperature))
+        offset = end
+    real = torch.from_numpy(reals).to(device)
+    integer = torch.from_numpy(ints).to(device)
+
+    def rows_of(pick: Callable[[JobState], torch.Tensor | None]) -> torch.Tensor | None:
+        parts = [(pick(blk.state), lo, hi) for blk, lo, hi in spans]
+        present = [v[lo:hi] for v, lo, hi in parts if v is not None]
+        # the engine packs only jobs with the same kind of conditioning: all or none
+        return torch.cat(present) if present and len(present) == len(parts) else None
+
+    fixed = None
+    if any(blk.state.fixed is not None for blk, _, _ in spans):
+        width = spans[0][0].state.x.shape[1]
+        none_fixed = torch.zeros(1, width, dtype=torch.bool, device=device)
+        fixed = rows_of(
+            lambda st: none_fixed.expand(st.job.num_cells, -1) if st.fixed is None else st.fixed
+        )
+    rows = StepRows(
+        x=torch.cat([blk.state.x[lo:hi] for blk, lo, hi in spans]),  # (B, G)
+        t=real[0],
+        s=real[1],
+        seed=integer[0],
+        cell=integer[1],
+        step=integer[2],
+        temperature=real[2].float(),
+        analytic=real[3] > 0,
+        fixed=fixed,
+        labels=rows_of(lambda st: st.labels),
+        cell_types=rows_of(lambda st: st.cell_types),
+    )
+    s_values, analytic_values, temperatures = zip(*settings, strict=True)
+    return rows, StepPlan.of_values(s_values, analytic_values, temperatures)
+
+
+def propose_slices(sampler: Sampler, slices: list[Slice]) -> Packed:
+    """Step the slices' rows on the device (no host sync); raises whatever the step raises."""
+    started = time.perf_counter()
+    rows, plan = pack(sampler, slices)
+    return Packed(slices, rows, plan, sampler.propose(rows, plan), started)
+
+
+def settle_packed(
+    sampler: Sampler, packed: Packed, summary: list[list[int]]
+) -> tuple[int, float, int]:
+    """Finish a packed step given its rows' readback, and write the new tokens into each job.
+
+    Returns (rows, seconds, model calls). Each job counts the model calls its rows were in and
+    its fp32 fallback rows. Raises whatever settling raises, before writing anything back.
+    """
+    out: StepOutput = sampler.settle(packed.rows, packed.plan, packed.proposal, summary)
+    seconds = time.perf_counter() - packed.started
+    fallbacks, active = out.fp32_fallback_rows, out.active
+    offset, size = 0, sampler.block_rows or packed.rows.num_rows
+    blocks_of: dict[int, set[int]] = {}  # job -> the row blocks its rows were in
+    for blk, a, b in packed.slices:
+        lo, hi, st = blk.lo + a, blk.lo + b, blk.state
+        st.x[lo:hi] = out.tokens[offset : offset + hi - lo]
+        st.active[lo:hi] = active[offset : offset + hi - lo]
+        st.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
+        mine = blocks_of.setdefault(id(st), set())
+        mine.update(range(offset // size, (offset + hi - lo - 1) // size + 1))
         offset += hi - lo
-    for blk, _, _ in spans:
+    for blk, _, _ in packed.slices:
         blk.state.forwards += len(blocks_of.pop(id(blk.state), ()))
-    return x.shape[0], seconds, out.model_calls
-
-
-def slice_generators(slices: list[Slice]) -> list[torch.Generator]:
-    """The slices' row generators, in row order; one in all when every row shares it."""
-    gens = [g for blk, a, b in slices for g in blk.generators[a:b]]
-    shared = [blk.state.job.generator for blk, _, _ in slices]
-    if shared[0] is not None and all(g is shared[0] for g in shared):
-        return [shared[0]]
-    return gens
+    return packed.rows.num_rows, seconds, out.model_calls

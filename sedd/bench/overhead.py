@@ -1,0 +1,129 @@
+"""Host overhead of an engine step: what a GPU would wait for between kernels.
+
+On a CPU the model forward dominates a step, so host work there looks free. On a GPU it is not:
+every op the host launches and every value it reads back costs host time while the accelerator
+idles. This measures, per engine tick (one step of every in-flight row) at several numbers of
+rows in flight, all in one row block:
+
+* host milliseconds outside the model forward (tick wall time minus the forward's, timed with
+  forward hooks, over ``ticks`` un-profiled ticks);
+* aten ops the tick runs (``torch.profiler`` on the CPU sees every op a step would launch);
+* host syncs: ``aten::item``, ``aten::_local_scalar_dense`` and ``aten::nonzero`` calls the
+  profiler sees, plus the engine's own readbacks (``Engine.readbacks``: its one small tensor a
+  tick, which is a sync on CUDA even where the CPU profiler cannot see one).
+
+``tests/test_step_overhead.py`` pins the deterministic parts (ops and syncs); ``sedd bench
+--overhead`` prints the table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from sedd.engine import Engine, EngineJob, JobLimits
+from sedd.graph import Graph
+from sedd.noise import Noise
+from sedd.precision import PrecisionPolicy
+from sedd.sampling import Sampler
+
+SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::nonzero"})
+
+
+@dataclass(frozen=True)
+class TickOverhead:
+    rows: int  # rows in flight, all in one block
+    host_ms: float  # per tick, outside the model forward
+    forward_ms: float  # per tick, inside it
+    aten_ops: float  # per tick
+    syncs: float  # per tick: profiler-visible syncs plus engine readbacks
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def profile_ticks(engine: Engine, ticks: int = 1) -> tuple[float, float]:
+    """(aten ops, host syncs) per tick over ``ticks`` ticks of ``engine``, under the profiler."""
+    before = getattr(engine, "readbacks", 0)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(ticks):
+            engine.tick()
+    names = [event.name for event in prof.events()]
+    ops = sum(1 for name in names if name.startswith("aten::"))
+    syncs = sum(1 for name in names if name in SYNC_OPS)
+    syncs += getattr(engine, "readbacks", 0) - before
+    return ops / ticks, syncs / ticks
+
+
+class _ForwardClock:
+    """Forward hooks summing the wall time spent inside ``model``'s forward."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.seconds, self._start, self.device = 0.0, 0.0, device
+        self._hooks = [
+            model.register_forward_pre_hook(self._enter),
+            model.register_forward_hook(self._leave),
+        ]
+
+    def _enter(self, *_: object) -> None:
+        self._start = time.perf_counter()
+
+    def _leave(self, *_: object) -> None:
+        self.seconds += time.perf_counter() - self._start
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+def measure(
+    model: nn.Module,
+    noise: Noise,
+    graph: Graph,
+    policy: PrecisionPolicy,
+    num_genes: int,
+    rows_in_flight: list[int],
+    *,
+    ticks: int = 5,
+    labels: torch.Tensor | None = None,
+    **sampler_options: object,
+) -> list[TickOverhead]:
+    """``TickOverhead`` at each number of rows in flight, every row in one block of
+    ``max(rows_in_flight)`` rows. ``labels`` (one) conditions every cell, for conditional models.
+    """
+    block = max(rows_in_flight)
+    sampler = Sampler(
+        model,
+        noise,
+        graph,
+        precision=policy,
+        block_rows=block,
+        **sampler_options,  # type: ignore[arg-type]
+    )
+    limits = JobLimits.of_module(model, num_genes)
+    figures = []
+    for rows in rows_in_flight:
+        engine = Engine(sampler, limits, max_rows_per_forward=rows)
+        cell_labels = None if labels is None else labels.expand(rows, *labels.shape[1:])
+        engine.submit(EngineJob(rows, steps=ticks + 6, seed=0, labels=cell_labels))
+        for _ in range(2):  # admission, then a first step
+            engine.tick()
+        clock = _ForwardClock(model, sampler.device)  # type: ignore[arg-type]
+        try:
+            start = time.perf_counter()
+            for _ in range(ticks):
+                engine.tick()
+            if sampler.device.type == "cuda":
+                torch.cuda.synchronize(sampler.device)
+            wall = time.perf_counter() - start
+        finally:
+            clock.close()
+        ops, syncs = profile_ticks(engine, 2)
+        host_ms = 1000 * (wall - clock.seconds) / ticks
+        figures.append(TickOverhead(rows, host_ms, 1000 * clock.seconds / ticks, ops, syncs))
+        engine.stop(drain=False)
+    return figures

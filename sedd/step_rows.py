@@ -1,0 +1,124 @@
+"""What one reverse step takes, per row, and the host-side facts that choose its code path.
+
+A step moves B rows at once; each row brings its own tokens, times, conditioning and random
+stream, so rows of different requests share a forward and each still takes its solo step.
+``StepRows`` holds them as (B, ...) tensors on the step's device. ``StepPlan`` holds the few
+facts about the rows that decide which branches the step computes (is any row at its final
+denoise, tempered, on the analytic step?). The batching engine knows them from its jobs'
+settings, so deciding never reads a tensor back from the device: a step makes no host sync and
+its shapes do not depend on the data (what a CUDA graph needs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The rows of one step; every tensor's first dimension is the row (B)."""
+
+    x: torch.Tensor  # (B, L) long tokens
+    t: torch.Tensor  # (B,) fp64, the time each row steps from
+    s: torch.Tensor  # (B,) fp64, the time it steps to; 0 is the final denoise
+    seed: torch.Tensor  # (B,) int64: with cell and step, the row's random counter
+    cell: torch.Tensor  # (B,) int64 cell index: cell i draws from stream (seed, i)
+    step: torch.Tensor  # (B,) int64, the row's step number (0 first, steps for the denoise)
+    temperature: torch.Tensor  # (B,) fp32
+    analytic: torch.Tensor  # (B,) bool: the analytic (Tweedie) step instead of Euler
+    fixed: torch.Tensor | None = None  # (B, L) bool: given positions, never changed
+    labels: torch.Tensor | None = None  # (B,) long indices or (B, E) float vectors
+    cell_types: torch.Tensor | None = None  # (B,) long
+
+    @classmethod
+    def of_request(
+        cls,
+        x: torch.Tensor,
+        t: torch.Tensor | float,
+        s: torch.Tensor | float,
+        *,
+        seed: int = 0,
+        first_cell: int = 0,
+        step: int = 0,
+        temperature: float | torch.Tensor = 1.0,
+        analytic: bool | torch.Tensor = False,
+        fixed: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        cell_types: torch.Tensor | None = None,
+    ) -> StepRows:
+        """Rows of one request: row b is cell ``first_cell + b`` of ``seed``; scalars apply to
+        every row."""
+        rows, device = x.shape[0], x.device
+
+        def per_row(value: torch.Tensor | float | bool, dtype: torch.dtype) -> torch.Tensor:
+            value = torch.as_tensor(value, dtype=dtype, device=device)
+            return value.expand(rows).contiguous() if value.ndim == 0 else value
+
+        return cls(
+            x=x,
+            t=per_row(t, torch.float64),
+            s=per_row(s, torch.float64),
+            seed=per_row(seed, torch.int64),
+            cell=torch.arange(first_cell, first_cell + rows, device=device),
+            step=per_row(step, torch.int64),
+            temperature=per_row(temperature, torch.float32),
+            analytic=per_row(analytic, torch.bool),
+            fixed=fixed,
+            labels=labels,
+            cell_types=cell_types,
+        )
+
+    @property
+    def num_rows(self) -> int:
+        return self.x.shape[0]
+
+    def take(self, index: torch.Tensor | slice) -> StepRows:
+        """The rows at ``index`` (a slice is a view; a tensor gathers, e.g. to pad a block)."""
+        picked = {
+            f.name: None if (value := getattr(self, f.name)) is None else value[index]
+            for f in fields(self)
+        }
+        return StepRows(**picked)
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """Every field, in declaration order (what a captured CUDA graph copies into)."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_tensors(cls, values: Sequence[torch.Tensor | None]) -> StepRows:
+        return cls(*values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Host-side facts about a step's rows that pick what it computes (and key its CUDA graph).
+
+    Each flag only removes work: a plan that says "maybe" for everything is always correct.
+    """
+
+    any_final: bool = True  # some row takes the final denoise (s == 0)
+    any_euler: bool = True  # some row takes the Euler step (not analytic, not final)
+    any_tweedie: bool = True  # some row takes the analytic update (analytic, or final)
+    any_tempered: bool = True  # some row has temperature != 1
+
+    @classmethod
+    def of_values(
+        cls, s: Sequence[float], analytic: Sequence[bool], temperature: Sequence[float]
+    ) -> StepPlan:
+        """From per-row host values (or, with runs, per-run values: only which occur matters)."""
+        final = [value <= 0 for value in s]
+        tweedie = [f or bool(a) for f, a in zip(final, analytic, strict=True)]
+        return cls(
+            any_final=any(final),
+            any_euler=not all(tweedie),
+            any_tweedie=any(tweedie),
+            any_tempered=any(value != 1 for value in temperature),
+        )
+
+    @classmethod
+    def of_rows(cls, rows: StepRows) -> StepPlan:
+        """Read from the rows' tensors: a host sync, for callers outside the engine."""
+        return cls.of_values(rows.s.tolist(), rows.analytic.tolist(), rows.temperature.tolist())
