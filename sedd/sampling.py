@@ -305,13 +305,19 @@ class Sampler:
         out = self.precision.block_scores(  # (b, L, V) fp32
             self.model, x, sigma_t.float(), rows.labels, rows.cell_types, amp=amp
         )
-        nonfinite = (~torch.isfinite(out).all(dim=-1) & active).any(dim=-1)  # (b,)
+        # a NaN/Inf anywhere in a position's output makes its sum non-finite: one pass, not V
+        nonfinite = (~torch.isfinite(out.sum(dim=-1)) & active).any(dim=-1)  # (b,)
         final = rows.s <= 0  # (b,)
         sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
-        probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
+        if self.graph.absorb:  # only masked positions change: the transition out of the mask
+            probs = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
+            current = torch.full_like(x, self.graph.dim - 1)
+        else:
+            probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
+            current = x
         if plan.any_tempered:  # only tempered rows take _temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
-            probs = torch.where(temp != 1, _temper(probs, x, temp), probs)
+            probs = torch.where(temp != 1, _temper(probs, current, temp), probs)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
         drawn = sample_categorical(probs.flatten(0, 1), uniforms.flatten()).view_as(x)
         if self.denoise_mode == "argmax" and plan.any_final:
@@ -330,6 +336,41 @@ class Sampler:
         score = torch.exp(log_p0 - log_scale)
         return torch.cat([score, torch.ones_like(score[..., :1])], dim=-1)
 
+    def _unmask_probs(
+        self,
+        out: torch.Tensor,
+        sigma_t: torch.Tensor,
+        sigma_s: torch.Tensor,
+        rows: StepRows,
+        final: torch.Tensor,
+    ) -> torch.Tensor:
+        """Unnormalised p(x_s = y | x_t = mask), (b, L, V) fp32, at every position.
+
+        Under the absorbing graph only masked positions can change (the others are kept by
+        ``torch.where`` in the step), so only the transition out of the mask is needed. Both
+        predictors then take one form, with the score s over the real tokens and S = sum_y s_y:
+        p(y) = c s_y for y != mask, p(mask) = s_mask - c S (Euler: s_mask = 1, as its reverse
+        rate's diagonal is -S). Euler: c = (t - s) sigma'(t); analytic and the final denoise:
+        c = e^dsigma - 1 (exp(-dsigma Q) s times row mask of exp(dsigma Q), simplified). The
+        final denoise never emits the mask: p(mask) = 0.
+        """
+        mask = self.graph.dim - 1
+        tweedie = final | rows.analytic  # (b,)
+        dsigma = torch.where(final, sigma_t, sigma_t - sigma_s)
+        euler_c = (rows.t - rows.s) * self.noise.rate_noise(rows.t)
+        c = torch.where(tweedie, torch.expm1(dsigma), euler_c)  # (b,) fp64
+        if self.model.parametrisation == "x0":  # s_y = p0_y / (e^sigma - 1), s_mask = 1
+            log_p0 = torch.log_softmax(out[..., :mask], dim=-1)  # (b, L, V-1)
+            log_c = torch.log(c) - torch.log(torch.expm1(sigma_t))  # (b,) fp64
+            moved = torch.exp(log_p0 + log_c.float()[:, None, None])  # c * s_y
+            own = torch.ones_like(moved[..., :1])
+        else:
+            score = out.exp()  # (b, L, V)
+            moved = c.float()[:, None, None] * score[..., :mask]
+            own = torch.where(tweedie[:, None, None], score[..., mask:], 1.0)  # (b, L, 1)
+        stay = torch.where(final[:, None, None], 0.0, own - moved.sum(dim=-1, keepdim=True))
+        return torch.cat([moved, stay], dim=-1)  # (b, L, V)
+
     def _transition_probs(
         self,
         out: torch.Tensor,
@@ -340,7 +381,7 @@ class Sampler:
         final: torch.Tensor,
         plan: StepPlan,
     ) -> torch.Tensor:
-        """Unnormalised p(x_s = y | x_t) at every position, (b, L, V) fp32.
+        """Unnormalised p(x_s = y | x_t) at every position, (b, L, V) fp32, for any graph.
 
         Rows on the analytic step and the final denoise take the Tweedie update, the others the
         Euler step; the plan says which occur, so a step computes only the branches it needs.
@@ -362,7 +403,4 @@ class Sampler:
                 probs = torch.where(on_tweedie, tweedie, probs)
             else:
                 probs = tweedie
-        if self.graph.absorb and plan.any_final:  # the mask is never emitted
-            mask = self.graph.dim - 1
-            probs[..., mask] = torch.where(final[:, None], 0.0, probs[..., mask])
         return probs
