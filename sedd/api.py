@@ -48,6 +48,7 @@ def load(
     checkpoint: str | None = None,
     use_ema: bool = True,
     tokens_per_forward: int | None = None,
+    cuda_graphs: bool | None = None,
 ) -> Model:
     """Load a model for sampling.
 
@@ -60,6 +61,8 @@ def load(
     (st3: ``epoch_3.pt``); ``use_ema=False``: a training run's raw weights.
     ``tokens_per_forward``: rows x genes per model forward (the device's default when None), as
     ``sedd generate --tokens-per-forward`` and the server's ``SEDD_TOKENS_PER_FORWARD``.
+    ``cuda_graphs``: replay each forward block from a captured CUDA graph (CUDA only; None:
+    ``SEDD_CUDA_GRAPHS``, else off); it never changes a cell.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -73,7 +76,7 @@ def load(
         device=device,
     )
     policy = resolve_precision(precision, loaded.device)
-    return Model(loaded, policy, tokens_per_forward=tokens_per_forward)
+    return Model(loaded, policy, tokens_per_forward=tokens_per_forward, cuda_graphs=cuda_graphs)
 
 
 class Model:
@@ -89,9 +92,15 @@ class Model:
     """
 
     def __init__(
-        self, loaded: LoadedModel, policy: PrecisionPolicy, *, tokens_per_forward: int | None = None
+        self,
+        loaded: LoadedModel,
+        policy: PrecisionPolicy,
+        *,
+        tokens_per_forward: int | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         self.loaded, self.policy, self.tokens_per_forward = loaded, policy, tokens_per_forward
+        self.cuda_graphs = cuda_graphs
 
     def __repr__(self) -> str:
         conditions = f", {len(self.conditions)} conditions" if self.conditions else ""
@@ -267,6 +276,7 @@ class Model:
             cell_type=cell_type,
             **dataclasses.asdict(sampling),
             tokens_per_forward=self.tokens_per_forward,
+            cuda_graphs=self.cuda_graphs,
             imputation=imputation,
         )
 

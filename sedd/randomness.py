@@ -23,7 +23,9 @@ a multiple of 2^-53.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TypeVar
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -42,8 +44,18 @@ class Purpose(IntEnum):
     START = 1  # the uniform graph's tokens at t = 1
 
 
-def _mulhilo(a: torch.Tensor, multiplier: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit words of ``a * multiplier`` for 32-bit ``a``, exactly, in int64."""
+Words = TypeVar("Words", torch.Tensor, np.ndarray)
+
+
+def _mulhilo(a: Words, multiplier: int) -> tuple[Words, Words]:
+    """(high, low) 32-bit words of ``a * multiplier`` for 32-bit ``a``, exactly.
+
+    NumPy uint64 holds the 64-bit product as it is. torch has no uint64 shifts, so in its int64
+    the product is split into 16-bit halves and no intermediate leaves int64's range.
+    """
+    if isinstance(a, np.ndarray):  # uint64
+        product = a * np.uint64(multiplier)
+        return product >> np.uint64(32), product & np.uint64(_MASK32)
     p_low = (a & 0xFFFF) * multiplier  # < 2^48
     p_high = (a >> 16) * multiplier  # < 2^48; the product is p_high * 2^16 + p_low
     low_sum = ((p_high & 0xFFFF) << 16) + p_low  # < 2^49
@@ -51,14 +63,15 @@ def _mulhilo(a: torch.Tensor, multiplier: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def philox4x32(
-    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    key: tuple[torch.Tensor, torch.Tensor],
+    counter: tuple[Words, Words, Words, Words],
+    key: tuple[Words, Words],
     rounds: int = PHILOX_ROUNDS,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[Words, Words, Words, Words]:
     """Philox-4x32 with ``rounds`` rounds: four 32-bit words out for four in, under a 2-word key.
 
-    Words are int64 tensors holding values in [0, 2^32); they broadcast against each other, so a
-    per-row key (B, 1) and a per-position counter word (B, L) give (B, L) outputs.
+    Words are int64 tensors or uint64 NumPy arrays holding values in [0, 2^32); they broadcast
+    against each other, so a per-row key (B, 1) and a per-position counter word (B, L) give
+    (B, L) outputs.
     """
     c0, c1, c2, c3 = counter
     k0, k1 = key
@@ -89,15 +102,42 @@ def cell_uniforms(
 
     One Philox block gives two uniforms: genes 2p and 2p + 1 share the counter word p, gene 2p
     taking words (0, 1) and gene 2p + 1 words (2, 3). ``seed``, ``cell`` and ``step`` are (B,)
-    int64 on the device the numbers are wanted on. One chain of about 300 element-wise ops,
-    whatever B is.
+    int64 on the device the numbers are wanted on. One vectorised chain of integer ops whatever
+    B is: in torch on an accelerator (about 200 element-wise kernels, capturable in a CUDA graph),
+    in NumPy on the CPU, where the same words cost a fraction of torch's per-op dispatch for the
+    small blocks a CPU runs (``tests/test_randomness.py`` checks the two agree bit for bit).
     """
-    device = seed.device
-    pairs = (num_positions + 1) // 2
-    key = ((seed & _MASK32)[:, None], (seed >> 32)[:, None])  # (B, 1) each
-    pair = torch.arange(pairs, dtype=torch.int64, device=device)[None, :]  # (1, P)
-    high = ((cell >> 32) | (int(purpose) << 16))[:, None]
-    counter = (pair, (step & _MASK32)[:, None], (cell & _MASK32)[:, None], high)
-    w0, w1, w2, w3 = philox4x32(counter, key)  # (B, P) each
+    if seed.device.type == "cpu":
+        words = _cell_words(seed.numpy().astype(np.uint64), cell.numpy().astype(np.uint64),
+                            step.numpy().astype(np.uint64), num_positions, purpose)  # fmt: skip
+        return torch.from_numpy(_interleave(*words, num_positions))
+    pair = torch.arange((num_positions + 1) // 2, dtype=torch.int64, device=seed.device)
+    w0, w1, w2, w3 = _cell_words(seed, cell, step, pair, purpose)
     both = torch.stack([uniform53(w0, w1), uniform53(w2, w3)], dim=-1)  # (B, P, 2)
     return both.flatten(1)[:, :num_positions]  # (B, L)
+
+
+def _cell_words(
+    seed: Words, cell: Words, step: Words, pair: Words | int, purpose: Purpose
+) -> tuple[Words, Words, Words, Words]:
+    """Philox words (B, P) of the cells' gene pairs ``pair`` (a (P,) range, or a count)."""
+    if isinstance(pair, int):  # NumPy: the (P,) range of pairs for num_positions genes
+        pair = np.arange((pair + 1) // 2, dtype=np.uint64)
+    mask = _MASK32 if isinstance(seed, torch.Tensor) else np.uint64(_MASK32)
+    shift = 32 if isinstance(seed, torch.Tensor) else np.uint64(32)
+    tag = int(purpose) << 16
+    key = ((seed & mask)[:, None], (seed >> shift)[:, None])  # (B, 1) each
+    high = ((cell >> shift) | (tag if isinstance(seed, torch.Tensor) else np.uint64(tag)))[:, None]
+    counter = (pair[None, :], (step & mask)[:, None], (cell & mask)[:, None], high)
+    return philox4x32(counter, key)  # type: ignore[arg-type]
+
+
+def _interleave(
+    w0: np.ndarray, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray, num_positions: int
+) -> np.ndarray:
+    """(B, L) fp64 uniforms from NumPy words: gene 2p from (w0, w1), gene 2p + 1 from (w2, w3)."""
+    out = np.empty((w0.shape[0], 2 * w0.shape[1]), dtype=np.float64)
+    for column, (high, low) in enumerate(((w0, w1), (w2, w3))):
+        bits = ((high >> np.uint64(5)) << np.uint64(26)) | (low >> np.uint64(6))
+        out[:, column::2] = bits.astype(np.float64) * 2.0**-53
+    return out[:, :num_positions]

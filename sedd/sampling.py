@@ -359,17 +359,19 @@ class Sampler:
         dsigma = torch.where(final, sigma_t, sigma_t - sigma_s)
         euler_c = (rows.t - rows.s) * self.noise.rate_noise(rows.t)
         c = torch.where(tweedie, torch.expm1(dsigma), euler_c)  # (b,) fp64
+        probs = torch.empty_like(out)  # (b, L, V)
+        moved = probs[..., :mask]  # c s_y, written in place
         if self.model.parametrisation == "x0":  # s_y = p0_y / (e^sigma - 1), s_mask = 1
-            log_p0 = torch.log_softmax(out[..., :mask], dim=-1)  # (b, L, V-1)
-            log_c = torch.log(c) - torch.log(torch.expm1(sigma_t))  # (b,) fp64
-            moved = torch.exp(log_p0 + log_c.float()[:, None, None])  # c * s_y
-            own = torch.ones_like(moved[..., :1])
+            scale = (c / torch.expm1(sigma_t)).float()[:, None, None]  # (b, 1, 1)
+            torch.mul(torch.softmax(out[..., :mask], dim=-1), scale, out=moved)
+            own: torch.Tensor | float = 1.0
         else:
             score = out.exp()  # (b, L, V)
-            moved = c.float()[:, None, None] * score[..., :mask]
-            own = torch.where(tweedie[:, None, None], score[..., mask:], 1.0)  # (b, L, 1)
-        stay = torch.where(final[:, None, None], 0.0, own - moved.sum(dim=-1, keepdim=True))
-        return torch.cat([moved, stay], dim=-1)  # (b, L, V)
+            torch.mul(score[..., :mask], c.float()[:, None, None], out=moved)
+            own = torch.where(tweedie[:, None], score[..., mask], 1.0)  # (b, L)
+        stay = torch.where(final[:, None], 0.0, own - moved.sum(dim=-1))  # (b, L)
+        probs[..., mask] = stay
+        return probs
 
     def _transition_probs(
         self,

@@ -53,6 +53,7 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         precision,
         max_rows_per_forward=settings.max_rows_per_forward,
         tokens_per_forward=settings.tokens_per_forward,
+        cuda_graphs=settings.cuda_graphs,
         max_queued_jobs=settings.max_queued_jobs,
         observer=service_metrics,
     )

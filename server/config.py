@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     tokens_per_forward: int | None = Field(
         default=None, ge=1, description="rows x genes per model forward (the fixed row block)"
     )
+    cuda_graphs: bool = Field(
+        default=False,
+        description="replay each forward block from a captured CUDA graph (CUDA only; never "
+        "changes a cell)",
+    )
     request_timeout_s: float = Field(default=600.0, gt=0)
     drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: wait this long")
     api_key: SecretStr | None = Field(

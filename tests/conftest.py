@@ -1,6 +1,7 @@
 """Tests run single-threaded: on a 2-core machine with other processes busy, OpenMP barrier
 stalls make multi-threaded torch many times slower (a test about threading sets its own).
-Async tests (``pytest.mark.anyio``) run on asyncio."""
+Async tests (``pytest.mark.anyio``) run on asyncio. ``SEDD_TEST_DEVICE`` picks the device of the
+device-relevant tests (``tests/devices.py``); a lane that cannot run here stops in one line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from devices import lane_problem
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    problem = lane_problem()
+    if problem is not None:
+        pytest.exit(problem, returncode=4)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from devices import DEVICE
 from fastapi import FastAPI
 
 from server.app import create_app
@@ -17,10 +18,10 @@ from server.state import Service
 
 
 def make_settings(model: Path, **overrides: Any) -> Settings:
-    """Small limits, fp32 on CPU (so results match a solo run bit for bit)."""
+    """Small limits, fp32 on the test device (so results match a solo run bit for bit)."""
     values: dict[str, Any] = {
         "model": model,
-        "device": "cpu",
+        "device": str(DEVICE),
         "precision": "fp32",
         "max_cells_per_request": 8,
         "max_steps": 20,

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from devices import DEVICE
 from server_client import make_settings, served
 from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_model
 
@@ -29,7 +30,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def model(model_dir: Path) -> sedd.Model:
-    return sedd.load(model_dir, device="cpu", precision="fp32")
+    return sedd.load(model_dir, device=str(DEVICE), precision="fp32")
 
 
 def dense(x: object) -> np.ndarray:
@@ -47,8 +48,8 @@ async def test_api_cli_and_server_give_the_same_cells_for_the_same_request(
     out = tmp_path / "cli.h5ad"
     cli(
         "generate", "--model", str(model_dir), "--conditions", "KRAS", "--cell-type", "B",
-        "--cells", "3", "--steps", "4", "--seed", "5", "--precision", "fp32", "--device", "cpu",
-        "--batch-size", "3", "--out", str(out),
+        "--cells", "3", "--steps", "4", "--seed", "5", "--precision", "fp32",
+        "--device", str(DEVICE), "--batch-size", "3", "--out", str(out),
     )  # fmt: skip
     from_cli = anndata.read_h5ad(out)
     body = {"num_cells": 3, "condition": "KRAS", "cell_type": "B", "steps": 4, "seed": 5}
@@ -79,7 +80,7 @@ async def test_predict_numbers_cells_the_same_through_api_cli_and_server(
     cli(
         "predict", "--model", str(model_dir), "--perturbations", "TP53", "MYC",
         "--cells-per-perturbation", "2", "--steps", "3", "--seed", "1", "--precision", "fp32",
-        "--device", "cpu", "--out", str(out),
+        "--device", str(DEVICE), "--out", str(out),
     )  # fmt: skip
     np.testing.assert_array_equal(dense(api.X), dense(anndata.read_h5ad(out).X))
     body = {"perturbations": ["TP53", "MYC"], "cells_per_perturbation": 2, "steps": 3, "seed": 1}
@@ -95,9 +96,9 @@ def test_model_exposes_its_vocabulary_card_and_precision(model: sedd.Model) -> N
     assert model.conditions == PERTURBATIONS and model.control == "ctrl"
     assert model.cell_types == CELL_TYPES
     assert model.card["num_genes"] == len(GENES) and len(model.card["sha256"]) == 64
-    assert model.precision["amp_dtype"] == "fp32" and model.precision["device"] == "cpu"
+    assert model.precision["amp_dtype"] == "fp32" and model.precision["device"] == str(DEVICE)
     assert "fp32_fallbacks" not in model.precision
-    assert repr(model) == "sedd.Model(tiny: 12 genes, 5 conditions, fp32 on cpu)"
+    assert repr(model) == f"sedd.Model(tiny: 12 genes, 5 conditions, fp32 on {DEVICE})"
 
 
 def test_generate_without_a_condition_covers_every_condition_in_order(model: sedd.Model) -> None:
@@ -151,7 +152,7 @@ async def test_impute_cli_and_server_match_the_api(
     out = tmp_path / "imputed.h5ad"
     cli(
         "impute", str(path), "--model", str(model_dir), "--condition", "MYC", "--steps", "4",
-        "--seed", "2", "--precision", "fp32", "--device", "cpu", "--out", str(out),
+        "--seed", "2", "--precision", "fp32", "--device", str(DEVICE), "--out", str(out),
     )  # fmt: skip
     np.testing.assert_array_equal(dense(api.X), dense(anndata.read_h5ad(out).X))
     body = {"genes": ["GENE3", "GENE0"], "counts": counts, "steps": 4, "seed": 2}
@@ -173,13 +174,13 @@ def test_bad_requests_get_one_line_errors_naming_the_field(model: sedd.Model) ->
 
 
 def test_bundled_model_api_equals_sedd_generate(tmp_path: Path) -> None:
-    bundled = sedd.load(device="cpu")
+    bundled = sedd.load(device=str(DEVICE))
     cells = bundled.generate(8, condition="CD14+ Monocyte", steps=5, seed=3)
     assert cells.shape == (8, 765)
     out = tmp_path / "F.h5ad"
     cli(
         "generate", "--conditions", "CD14+ Monocyte", "--cells", "8", "--steps", "5",
-        "--seed", "3", "--device", "cpu", "--out", str(out),
+        "--seed", "3", "--device", str(DEVICE), "--out", str(out),
     )  # fmt: skip
     np.testing.assert_array_equal(dense(cells.X), dense(anndata.read_h5ad(out).X))
     predicted = bundled.predict(["CD19+ B"], cells_per_perturbation=3, steps=5, seed=3)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from devices import DEVICE
 from torch import nn
 
 from sedd.batch.requests import GenerationRequest, cell_plan, job_for
@@ -35,7 +36,7 @@ from sedd.samplers import AnalyticSampler, EulerSampler
 from sedd.sampling import Proposal, Sampler, StepPlan, StepRows, block_rows_for
 
 GENES, BINS, PERTS = 10, 5, 4
-FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
+FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
 
 
 def tiny_loaded() -> LoadedModel:
@@ -63,7 +64,7 @@ def tiny_loaded() -> LoadedModel:
         cell_types=["T", "NK"],
     )
     return LoadedModel(
-        model=model,
+        model=model.to(DEVICE),
         config=config,
         noise=noise_from_config(config.noise.model_dump()),
         graph=graph_from_config(config.graph.model_dump()),
@@ -78,13 +79,13 @@ LOADED = tiny_loaded()
 def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
     """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
     cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
-    rows = block_rows_for(GENES, "cpu")  # what Engine.for_model uses
+    rows = block_rows_for(GENES, DEVICE)  # what Engine.for_model uses
     sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
     return sampler.sample(
         job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
         labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
         x_init=job.x_init, fixed=job.fixed,
-    )  # fmt: skip
+    ).cpu()  # fmt: skip
 
 
 def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
@@ -306,7 +307,7 @@ class NanForLabel(nn.Module):
 
     def forward(self, x, sigma, labels=None, cell_types=None):
         out = self.inner(x, sigma, labels=labels, cell_types=cell_types)
-        if self.amp_only and not torch.is_autocast_enabled("cpu"):
+        if self.amp_only and not torch.is_autocast_enabled(DEVICE.type):
             return out
         return out.masked_fill((labels == self.bad)[:, None, None], float("nan"))
 
@@ -329,7 +330,7 @@ def test_nan_that_fp32_cannot_fix_fails_only_that_job():
 
 def test_fp32_fallbacks_are_counted_on_the_job_whose_rows_needed_them():
     model = NanForLabel(LOADED.model, bad=2, amp_only=True)
-    bf16 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=torch.bfloat16)
+    bf16 = PrecisionPolicy(device=DEVICE, amp_dtype=torch.bfloat16)
     engine = Engine.for_model(dataclasses.replace(LOADED, model=model), bf16)
     fixable, clean = engine.submit(job(2, steps=3, label=2)), engine.submit(job(3, steps=3))
     run_until_idle(engine)

@@ -13,12 +13,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from devices import DEVICE, needs_cuda
 from scipy import stats
 
 from sedd.randomness import (
     MAX_CELLS,
     MAX_SEED,
     Purpose,
+    _cell_words,
     _mulhilo,
     cell_uniforms,
     philox4x32,
@@ -418,3 +420,31 @@ def test_purpose_values_are_stable():
     assert int(Purpose.STEP) == 0
     assert int(Purpose.START) == 1
     assert len(Purpose) == 2
+
+
+def test_numpy_and_torch_words_agree_bit_for_bit():
+    """The CPU computes the words in NumPy (uint64), an accelerator in torch (int64 halves): the
+    same integers, so the same cells on either."""
+    seeds = [0, 7, MAX_SEED, 2**32 + 5, 2**62 + 12345]
+    cells = [0, 1, MAX_CELLS - 1, 2**32, 2**47 + 3]
+    steps = [0, 3, 2**32 - 1, 17, 1000]
+    for purpose in Purpose:
+        as_torch = [torch.tensor(v, dtype=torch.int64) for v in (seeds, cells, steps)]
+        pairs = torch.arange(150, dtype=torch.int64)
+        torch_words = _cell_words(*as_torch, pairs, purpose)
+        numpy_words = _cell_words(*(np.array(v, dtype=np.uint64) for v in (seeds, cells, steps)),
+                                  299, purpose)  # fmt: skip
+        for t_word, n_word in zip(torch_words, numpy_words, strict=True):
+            assert t_word.shape == (5, 150) and n_word.shape == (5, 150)
+            assert t_word.numpy().astype(np.uint64).tolist() == n_word.tolist()
+
+
+@needs_cuda
+def test_cuda_draws_equal_cpu_draws():
+    seed = torch.tensor([3, MAX_SEED, 11])
+    cell = torch.tensor([0, MAX_CELLS - 1, 2**33])
+    step = torch.tensor([0, 9, 2**31])
+    for purpose in Purpose:
+        cpu = cell_uniforms(seed, cell, step, 1001, purpose)
+        cuda = cell_uniforms(seed.to(DEVICE), cell.to(DEVICE), step.to(DEVICE), 1001, purpose)
+        assert torch.equal(cuda.cpu(), cpu)

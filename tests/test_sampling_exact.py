@@ -102,9 +102,7 @@ def test_imputation_samples_the_exact_conditional():
     x_init[:, 0] = 2
     fixed = torch.zeros_like(x_init, dtype=torch.bool)
     fixed[:, 0] = True
-    samples = sampler.sample(
-        steps=STEPS, x_init=x_init, fixed=fixed, seed=3, eps=EPS
-    )
+    samples = sampler.sample(steps=STEPS, x_init=x_init, fixed=fixed, seed=3, eps=EPS)
     assert bool((samples[:, 0] == 2).all())
     states = torch.cartesian_prod(*[torch.arange(TOKENS)] * POSITIONS)
     conditional = torch.where(states[:, 0] == 2, JOINT, 0.0)
@@ -118,9 +116,7 @@ def test_temperature_tempers_the_clean_token_distribution():
     model = ExactModel(joint, 1, 3, "x0")
     sampler = EulerSampler(model, LogLinearNoise(), AbsorbingGraph(3), use_amp=False)
     for temperature in (0.5, 2.0):
-        samples = sampler.sample(
-            SAMPLES, steps=4, temperature=temperature, seed=1
-        )
+        samples = sampler.sample(SAMPLES, steps=4, temperature=temperature, seed=1)
         tempered = torch.softmax(joint.log() / temperature, dim=0)
         counts = torch.bincount(samples[:, 0], minlength=3).double() / SAMPLES
         assert torch.allclose(counts, tempered, atol=0.015), (temperature, counts, tempered)

@@ -14,6 +14,7 @@ import anndata
 import numpy as np
 import pytest
 import torch
+from devices import DEVICE
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
@@ -35,8 +36,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def solo_counts(model_dir: Path, **request: object) -> np.ndarray:
     """The same request run alone through the library (no server, no batching)."""
-    loaded = load_checkpoint(model_dir)
-    precision = resolve_precision("fp32", "cpu")
+    loaded = load_checkpoint(model_dir, device=DEVICE)
+    precision = resolve_precision("fp32", DEVICE)
     return generate(loaded, GenerationRequest(**request), precision).counts  # type: ignore[arg-type]
 
 
@@ -179,14 +180,14 @@ async def test_impute_keeps_given_counts_and_matches_a_solo_sampler_run(model_di
     got = np.array(data["counts"])
     np.testing.assert_array_equal(got[:, [3, 0]], np.array(counts))
     assert data["observed_genes"] == ["GENE3", "GENE0"]
-    loaded = load_checkpoint(model_dir)
+    loaded = load_checkpoint(model_dir, device=DEVICE)
     x_init = torch.full((2, len(GENES)), NUM_BINS, dtype=torch.long)
     x_init[:, [3, 0]] = torch.tensor(counts)
     fixed = x_init != NUM_BINS
-    precision = resolve_precision("fp32", "cpu")
+    precision = resolve_precision("fp32", DEVICE)
     sampler = EulerSampler(loaded.model, loaded.noise, loaded.graph, precision=precision)
     solo = sampler.sample(steps=5, seed=3, x_init=x_init, fixed=fixed, labels=torch.tensor([0, 0]))
-    np.testing.assert_array_equal(got, solo.numpy())
+    np.testing.assert_array_equal(got, solo.cpu().numpy())
 
 
 async def test_impute_drops_unknown_genes_and_clips_on_request(model_dir: Path) -> None:

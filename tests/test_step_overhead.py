@@ -13,8 +13,8 @@ import warnings
 
 import pytest
 import torch
-
 from checkpoint_files import ST3
+
 from sedd.bench.overhead import profile_ticks
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.engine import Engine, EngineJob, JobLimits

@@ -91,6 +91,9 @@ class GenerationRequest:
     # tokens per model forward; its rows (this // genes) are the forward's fixed shape, so it
     # decides the cells (like the precision). None: the device's default.
     tokens_per_forward: int | None = None
+    # replay each forward block from a captured CUDA graph (None: SEDD_CUDA_GRAPHS, else off);
+    # never changes a cell, so it is not part of the request's record or identity
+    cuda_graphs: bool | None = field(default=None, compare=False)
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:

@@ -70,6 +70,7 @@ def generate(
         loaded,
         precision,
         tokens_per_forward=request.tokens_per_forward,
+        cuda_graphs=request.cuda_graphs,
         max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
         observer=monitor,
     )

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from sedd.engine import Engine, EngineJob, JobLimits
-from sedd.graph import Graph
-from sedd.noise import Noise
+from sedd.graph import AbsorbingGraph, Graph
+from sedd.model import SEDDTransformer
+from sedd.noise import LogLinearNoise, Noise
 from sedd.precision import PrecisionPolicy
 from sedd.sampling import Sampler
 
@@ -43,6 +44,16 @@ class TickOverhead:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def small_model(
+    genes: int = 64, bins: int = 20, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Noise, Graph]:
+    """A random-weight st3 transformer the size of the ``tiny_mlm`` fixture (64 hidden, 2 layers,
+    4 heads): a forward cheap enough that the host work around it shows."""
+    torch.manual_seed(0)
+    model = SEDDTransformer(genes, bins, 64, 2, 4).eval().to(device)
+    return model, LogLinearNoise(), AbsorbingGraph(bins)
 
 
 def profile_ticks(engine: Engine, ticks: int = 1) -> tuple[float, float]:

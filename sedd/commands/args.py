@@ -109,7 +109,18 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         "forward runs on N // genes rows, so cells do not depend on their batch",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if any)")
+    add_cuda_graphs_argument(p)
     p.add_argument("--cell-type", help="condition every cell on this cell type")
+
+
+def add_cuda_graphs_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay each forward block from a captured CUDA graph (CUDA only; never changes a "
+        "cell; default: SEDD_CUDA_GRAPHS, else off)",
+    )
 
 
 def add_shard_arguments(p: argparse.ArgumentParser) -> None:

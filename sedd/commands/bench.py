@@ -1,5 +1,6 @@
 """``sedd bench``: fp32 vs bf16 sampling throughput and memory side by side; ``--compare``:
-st3's sampling pattern against our default on a real model, with quality and MFU."""
+st3's sampling pattern against our default on a real model, with quality and MFU;
+``--overhead``: host work, aten ops and host syncs per engine step at several rows in flight."""
 
 from __future__ import annotations
 
@@ -80,6 +81,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     c.add_argument("--seed", type=int, default=0, help="chunk k uses seed * 1000 + k")
     c.add_argument("--chunks", type=int, default=5, help="alternations of the two arms")
+    o = p.add_argument_group("--overhead: host work per engine step, rows in flight in one block")
+    o.add_argument(
+        "--overhead",
+        action="store_true",
+        help="per step at each --rows: host ms outside the forward, aten ops, host syncs "
+        "(a small random model, or --model)",
+    )
+    o.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows in flight")
+    o.add_argument("--ticks", type=int, default=5, help="timed steps per row count")
     p.add_argument(
         "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
     )
@@ -96,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     args.device = resolve_device(args.device)
     if args.compare:
         return _run_compare(args)
+    if args.overhead:
+        return _run_overhead(args)
     for name in ("steps", "repeats", "num_bins"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
@@ -192,6 +204,51 @@ def _run_compare(args: argparse.Namespace) -> int:
         console.print(line)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     out = args.out.with_name("compare.json") if args.out.name == "bench.json" else args.out
+    out.write_text(json.dumps(result, indent=2))
+    console.print(f"wrote {out}")
+    return 0
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from sedd.bench import environment
+    from sedd.bench.overhead import measure, small_model
+    from sedd.precision import resolve_precision
+
+    if min(args.rows) < 1 or args.ticks < 1:
+        raise ValueError(f"--rows and --ticks must be >= 1, got {args.rows} and {args.ticks}.")
+    labels = None
+    if args.model is None:
+        model, noise, graph = small_model(device=args.device)
+        genes, name = 64, "small random st3 model (64 genes, 64 hidden, 2 layers, 4 heads)"
+    else:
+        from sedd.api import load
+
+        loaded = load(args.model, device=args.device, precision=args.precision).loaded
+        model, noise, graph = loaded.model, loaded.noise, loaded.graph
+        genes, name = loaded.config.num_genes, str(args.model)
+        if loaded.config.num_perturbations:
+            labels = torch.zeros(1, dtype=torch.long)
+    policy = resolve_precision(args.precision, args.device)
+    console = Console(width=max(Console().width, 120))
+    console.print(f"sedd bench --overhead on {args.device} ({policy.name}), {name}: "
+                  f"{environment()}")  # fmt: skip
+    figures = measure(model, noise, graph, policy, genes, args.rows, ticks=args.ticks,
+                      labels=labels)  # fmt: skip
+    table = Table(title=f"per engine step, every row in one block of {max(args.rows)} rows")
+    for col in ("rows in flight", "host ms outside forward", "forward ms", "aten ops", "syncs"):
+        table.add_column(col, justify="right")
+    for f in figures:
+        table.add_row(str(f.rows), f"{f.host_ms:.2f}", f"{f.forward_ms:.2f}",
+                      f"{f.aten_ops:.0f}", f"{f.syncs:.0f}")  # fmt: skip
+    console.print(table)
+    out = args.out.with_name("overhead.json") if args.out.name == "bench.json" else args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"environment": {**environment(), "precision": policy.name}, "model": name,
+              "device": str(args.device), "figures": [f.as_dict() for f in figures]}  # fmt: skip
     out.write_text(json.dumps(result, indent=2))
     console.print(f"wrote {out}")
     return 0

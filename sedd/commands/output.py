@@ -61,6 +61,7 @@ def request_from_args(
         seed=args.seed,
         batch_size=args.batch_size,
         tokens_per_forward=getattr(args, "tokens_per_forward", None),
+        cuda_graphs=getattr(args, "cuda_graphs", None),
     )
 
 

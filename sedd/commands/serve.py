@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from sedd.commands.args import add_cuda_graphs_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -29,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1, ...")
     p.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"])
+    add_cuda_graphs_argument(p)
     p.add_argument("--max-cells-per-request", type=int)
     p.add_argument("--max-steps", type=int)
     p.add_argument("--max-queued-jobs", type=int)
@@ -50,6 +53,7 @@ _FLAGS = (
     "max_queued_jobs",
     "max_rows_per_forward",
     "tokens_per_forward",
+    "cuda_graphs",
     "request_timeout_s",
     "log_level",
 )

@@ -28,6 +28,7 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 from sedd.checkpoints import LoadedModel
+from sedd.cuda_graphs import cuda_graphs_from_env
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -70,17 +71,21 @@ class Engine:
         precision: PrecisionPolicy,
         *,
         tokens_per_forward: int | None = None,
+        cuda_graphs: bool | None = None,
         **options: Any,
     ) -> Engine:
         """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's.
 
         Every forward runs on fixed blocks of ``block_rows_for(genes, device,
         tokens_per_forward)`` rows, so a cell does not depend on what it was packed with.
+        ``cuda_graphs`` replays each block step from a captured CUDA graph on CUDA (None:
+        ``SEDD_CUDA_GRAPHS``, off when unset; ``sedd.cuda_graphs``); it never changes a cell.
         """
         rows = block_rows_for(loaded.config.num_genes, loaded.device, tokens_per_forward)
+        graphs = cuda_graphs_from_env() if cuda_graphs is None else cuda_graphs
         sampler = Sampler(
             loaded.model, loaded.noise, loaded.graph,
-            precision=precision, device=loaded.device, block_rows=rows,
+            precision=precision, device=loaded.device, block_rows=rows, cuda_graphs=graphs,
         )  # fmt: skip
         return cls(sampler, JobLimits.of_model(loaded), **options)
 

@@ -1,0 +1,139 @@
+"""CUDA graphs for the fixed-shape block steps: a replayed cell equals the eager cell bit for bit,
+a step makes no host sync on CUDA, and a capture that fails falls back to eager with one warning.
+
+The ``needs_cuda`` tests run in the CUDA lane (``SEDD_TEST_DEVICE=cuda pytest``); the rest pin
+the switches and the fallback on any device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from devices import DEVICE, needs_cuda
+from test_engine import LOADED, job, run_until_idle
+
+from sedd.cuda_graphs import GraphedSteps, cuda_graphs_from_env
+from sedd.engine import Engine, EngineJob, JobLimits
+from sedd.precision import PrecisionPolicy, resolve_precision
+from sedd.sampling import Sampler, StepPlan, StepRows
+
+FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
+
+
+def run_jobs(sampler: Sampler, jobs: list[EngineJob]) -> list[torch.Tensor]:
+    engine = Engine(sampler, JobLimits.of_model(LOADED), max_rows_per_forward=16)
+    handles = [engine.submit(j) for j in jobs]
+    run_until_idle(engine)
+    return [h.future.result(timeout=0).tokens for h in handles]
+
+
+def mixed_jobs() -> list[EngineJob]:
+    return [
+        job(5, steps=6, seed=1),
+        dataclasses.replace(job(3, steps=4, seed=2, label=2), sampler="analytic"),
+        dataclasses.replace(job(2, steps=5, seed=3, label=3), temperature=0.6),
+    ]
+
+
+def sampler(graphs: bool, policy: PrecisionPolicy = FP32) -> Sampler:
+    return Sampler(
+        LOADED.model, LOADED.noise, LOADED.graph,
+        precision=policy, block_rows=4, cuda_graphs=graphs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, False), ("1", True), ("true", True), ("on", True), ("0", False), ("no", False)],
+)
+def test_sedd_cuda_graphs_switch(monkeypatch: pytest.MonkeyPatch, raw, expected):
+    if raw is None:
+        monkeypatch.delenv("SEDD_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("SEDD_CUDA_GRAPHS", raw)
+    assert cuda_graphs_from_env() is expected
+
+
+def test_a_bad_sedd_cuda_graphs_value_names_the_variable(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SEDD_CUDA_GRAPHS", "maybe")
+    with pytest.raises(ValueError, match=r"`SEDD_CUDA_GRAPHS` must be .*got 'maybe'"):
+        cuda_graphs_from_env()
+
+
+def test_graphs_are_eager_off_cuda():
+    calls: list[int] = []
+
+    def step(rows: StepRows, plan: StepPlan, amp: bool):
+        calls.append(rows.num_rows)
+        return rows.x, rows.t > 0, rows.step
+
+    graphed = GraphedSteps(step, enabled=True, device=torch.device("cpu"))
+    rows = StepRows.of_request(torch.zeros(3, 4, dtype=torch.long), 0.5, 0.25)
+    assert not graphed.enabled
+    graphed.run(rows, StepPlan(), True)
+    assert calls == [3] and graphed.captures == 0 and graphed.replays == 0
+
+
+def test_a_failed_capture_warns_once_and_stays_eager(monkeypatch: pytest.MonkeyPatch):
+    graphed = sampler(True)
+    graphed.graphs.enabled = True  # as on CUDA, whatever the device here
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphed.graphs, "_capture", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = run_jobs(graphed, mixed_jobs())
+    graph_warnings = [w for w in caught if "CUDA graph capture failed" in str(w.message)]
+    assert len(graph_warnings) == 1 and not graphed.graphs.enabled
+    for got, want in zip(tokens, run_jobs(sampler(False), mixed_jobs()), strict=True):
+        assert torch.equal(got, want)
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_replayed_cells_equal_eager_cells_bit_for_bit(precision: str):
+    policy = resolve_precision(precision, DEVICE)
+    graphed, eager = sampler(True, policy), sampler(False, policy)
+    got = run_jobs(graphed, mixed_jobs())
+    assert graphed.graphs.captures >= 1 and graphed.graphs.replays > graphed.graphs.captures
+    for a, b in zip(got, run_jobs(eager, mixed_jobs()), strict=True):
+        assert torch.equal(a, b)
+
+
+@needs_cuda
+def test_a_proposed_step_never_syncs_with_the_host():
+    mask = LOADED.graph.dim - 1
+    x = torch.full((6, LOADED.config.num_genes), mask, device=DEVICE)
+    rows = StepRows.of_request(
+        x, 0.8, 0.6, seed=4, labels=torch.ones(6, dtype=torch.long, device=DEVICE),
+        cell_types=torch.zeros(6, dtype=torch.long, device=DEVICE), temperature=0.7,
+    )  # fmt: skip
+    plan = StepPlan(any_final=False, any_euler=True, any_tweedie=False, any_tempered=True)
+    for graphs in (False, True):
+        step = sampler(graphs)
+        step.propose(rows, plan)  # warm-up (and capture) outside the checked region
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            proposal = step.propose(rows, plan)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert proposal.tokens.shape == x.shape
+
+
+@needs_cuda
+def test_the_engine_on_cuda_with_graphs_matches_solo_runs():
+    from test_engine import solo
+
+    jobs = mixed_jobs()
+    engine = Engine.for_model(LOADED, FP32, cuda_graphs=True, max_rows_per_forward=16)
+    handles = [engine.submit(j) for j in jobs]
+    run_until_idle(engine)
+    assert engine.sampler.graphs.replays > 0
+    for j, h in zip(jobs, handles, strict=True):
+        assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
