@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sedd.commands.args import add_cuda_graphs_argument
+
 if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
     from rich.table import Table
 
@@ -90,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     o.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows in flight")
     o.add_argument("--ticks", type=int, default=5, help="timed steps per row count")
+    add_cuda_graphs_argument(o)
     p.add_argument(
         "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
     )
@@ -237,7 +240,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
     console.print(f"sedd bench --overhead on {args.device} ({policy.name}), {name}: "
                   f"{environment()}")  # fmt: skip
     figures = measure(model, noise, graph, policy, genes, args.rows, ticks=args.ticks,
-                      labels=labels)  # fmt: skip
+                      labels=labels, cuda_graphs=bool(args.cuda_graphs))  # fmt: skip
     table = Table(title=f"per engine step, every row in one block of {max(args.rows)} rows")
     for col in ("rows in flight", "host ms outside forward", "forward ms", "aten ops", "syncs"):
         table.add_column(col, justify="right")
@@ -248,6 +251,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
     out = args.out.with_name("overhead.json") if args.out.name == "bench.json" else args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"environment": {**environment(), "precision": policy.name}, "model": name,
+              "cuda_graphs": bool(args.cuda_graphs),
               "device": str(args.device), "figures": [f.as_dict() for f in figures]}  # fmt: skip
     out.write_text(json.dumps(result, indent=2))
     console.print(f"wrote {out}")
