@@ -40,6 +40,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from sedd.categorical import sample_categorical, temper
 from sedd.cuda_graphs import GraphedSteps
 from sedd.graph import Graph, one_hot
 from sedd.noise import Noise
@@ -128,42 +129,6 @@ def start_tokens(
     seeds = torch.full_like(cells, seed)
     u = cell_uniforms(seeds, cells, torch.zeros_like(cells), num_genes, Purpose.START)
     return (u * graph.dim).long().clamp_max(graph.dim - 1)  # (num_rows, num_genes)
-
-
-def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
-
-    Probabilities need not be normalised; negatives count as 0. The CDF is accumulated in fp64,
-    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
-    zero-probability category is never returned.
-    """
-    if uniforms.dtype != torch.float64:
-        raise TypeError(
-            f"uniforms must be float64 (docs/precision.md rule 4), got {uniforms.dtype}."
-        )
-    cdf = probs.clamp_min(0).double().cumsum(dim=-1)  # (M, V)
-    total = cdf[:, -1:]
-    target = torch.minimum(
-        uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
-    )
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
-
-
-def _temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Raise the jump probabilities (all but the current token's) to 1/T, keeping their total.
-
-    For an x0 model this is softmax(logits / T) over the candidates; the chance of moving at all
-    (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when. ``probs``
-    (..., V), ``current`` (...), ``temperature`` broadcasting against (..., 1).
-    """
-    here = current[..., None]
-    jump = probs.clamp_min(0).scatter(-1, here, 0.0)  # (..., V)
-    mass = jump.sum(dim=-1, keepdim=True)
-    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature
-    tempered = torch.softmax(log_jump.masked_fill(jump <= 0, -torch.inf), dim=-1)
-    tempered = torch.nan_to_num(tempered, nan=0.0) * mass
-    stay = probs.gather(-1, here).clamp_min(0)
-    return tempered.scatter(-1, here, stay)
 
 
 class Sampler:
@@ -315,9 +280,9 @@ class Sampler:
         else:
             probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
             current = x
-        if plan.any_tempered:  # only tempered rows take _temper: T = 1 rows stay exact
+        if plan.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
-            probs = torch.where(temp != 1, _temper(probs, current, temp), probs)
+            probs = torch.where(temp != 1, temper(probs, current, temp), probs)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
         drawn = sample_categorical(probs.flatten(0, 1), uniforms.flatten()).view_as(x)
         if self.denoise_mode == "argmax" and plan.any_final:

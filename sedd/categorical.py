@@ -1,0 +1,46 @@
+"""Drawing one category per position: the fp64 inverse-CDF draw, and temperature.
+
+The sampler (``sedd.sampling``) turns a step into unnormalised transition probabilities; this is
+how a category is drawn from them (docs/precision.md rule 4: the CDF is accumulated in fp64 and
+the uniforms are fp64, so rare categories keep their rate).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
+
+    Probabilities need not be normalised; negatives count as 0. The CDF is accumulated in fp64,
+    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
+    zero-probability category is never returned.
+    """
+    if uniforms.dtype != torch.float64:
+        raise TypeError(
+            f"uniforms must be float64 (docs/precision.md rule 4), got {uniforms.dtype}."
+        )
+    cdf = probs.clamp_min(0).double().cumsum(dim=-1)  # (M, V)
+    total = cdf[:, -1:]
+    target = torch.minimum(
+        uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
+    )
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Raise the jump probabilities (all but the current token's) to 1/T, keeping their total.
+
+    For an x0 model this is softmax(logits / T) over the candidates; the chance of moving at all
+    (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when. ``probs``
+    (..., V), ``current`` (...), ``temperature`` broadcasting against (..., 1).
+    """
+    here = current[..., None]
+    jump = probs.clamp_min(0).scatter(-1, here, 0.0)  # (..., V)
+    mass = jump.sum(dim=-1, keepdim=True)
+    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature
+    tempered = torch.softmax(log_jump.masked_fill(jump <= 0, -torch.inf), dim=-1)
+    tempered = torch.nan_to_num(tempered, nan=0.0) * mass
+    stay = probs.gather(-1, here).clamp_min(0)
+    return tempered.scatter(-1, here, stay)
