@@ -11,6 +11,7 @@ from torch import nn
 
 import sedd.precision
 import sedd.sampling
+from sedd.engine import Engine
 from sedd.graph import AbsorbingGraph
 from sedd.noise import LogLinearNoise
 from sedd.precision import (
@@ -172,3 +173,33 @@ def test_fp64_draws_reach_rare_categories_at_their_rate():
     total = probs[0].double().sum()
     expected = (uniforms * total >= probs[0, 0].double()).long()
     assert torch.equal(drawn, expected)
+
+
+def test_bf16_autocast_on_the_lane_device_covers_the_forward_only(monkeypatch):
+    """On the test lane's device (CPU, or CUDA with SEDD_TEST_DEVICE=cuda): the st3 forward runs
+    under bf16 autocast, the step's arithmetic outside it in fp32, the draws in fp64."""
+    from devices import DEVICE
+    from test_engine import LOADED, job, run_until_idle
+
+    seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+    real = sedd.sampling.sample_categorical
+
+    def spy(probs, uniforms):
+        seen.append((torch.is_autocast_enabled(DEVICE.type), probs.dtype, uniforms.dtype))
+        return real(probs, uniforms)
+
+    inside: list[bool] = []
+    hook = LOADED.model.register_forward_hook(
+        lambda *_: inside.append(torch.is_autocast_enabled(DEVICE.type))
+    )
+    monkeypatch.setattr(sedd.sampling, "sample_categorical", spy)
+    try:
+        engine = Engine.for_model(LOADED, resolve_precision("bf16", DEVICE))
+        handle = engine.submit(job(3, steps=3, seed=2))
+        run_until_idle(engine)
+    finally:
+        hook.remove()
+    tokens = handle.future.result(timeout=0).tokens
+    assert tokens.shape == (3, LOADED.config.num_genes) and int(tokens.max()) < LOADED.graph.dim - 1
+    assert inside and all(inside)
+    assert seen and all(s == (False, torch.float32, torch.float64) for s in seen)
