@@ -232,7 +232,7 @@ def oracle(positions: int, tokens: int, coupling: float, cells: int) -> None:
         for steps in ORACLE_STEPS:
             drawn = sampler.sample(
                 cells, steps=steps, num_genes=positions, time_grid=grid,  # type: ignore[arg-type]
-                generator=torch.Generator().manual_seed(steps),
+                seed=steps,
             )  # fmt: skip
             rows.append({"predictor": predictor, "grid": grid, "steps": steps, "tv": tv(drawn)})
             print(f"{predictor} {grid} {steps} steps: TV {rows[-1]['tv']:.4f}", flush=True)
