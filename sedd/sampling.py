@@ -276,12 +276,12 @@ class Sampler:
         sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
         if self.graph.absorb:  # only masked positions change: the transition out of the mask
             probs = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
-            current = torch.full_like(x, self.graph.dim - 1)
         else:
             probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
-            current = x
         if plan.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
+            # the token a position stays on: under the absorbing graph, the mask
+            current = torch.full_like(x, self.graph.dim - 1) if self.graph.absorb else x
             probs = torch.where(temp != 1, temper(probs, current, temp), probs)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
         drawn = sample_categorical(probs.flatten(0, 1), uniforms.flatten()).view_as(x)
