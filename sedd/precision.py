@@ -4,9 +4,12 @@ This is the only module that enters ``torch.autocast`` or casts around a model:
 
 * ``resolve_precision`` turns a user's request ("auto", "bf16", "fp16", "fp32") and a device into
   a ``PrecisionPolicy``, failing fast with a message that says what to use instead (rule 6).
-* ``PrecisionPolicy.forward`` runs the model forward under autocast and hands the sampler an fp32
-  tensor (rules 2 and 3). Rows whose output is not finite are recomputed in fp32 and returned
-  with it (rule 5), so whoever owns those rows counts them (no counters on the policy).
+* ``PrecisionPolicy.block_scores`` runs one fixed-shape block's forward under autocast and hands
+  the sampler an fp32 tensor (rules 2 and 3), with no host sync; the sampler flags non-finite
+  rows on the device and recomputes them with ``amp=False`` after its readback (rule 5).
+* ``PrecisionPolicy.forward`` does the same for whole batches outside the step (precision
+  reports, benchmarks): rows whose output is not finite are recomputed in fp32 and returned
+  with it, so whoever owns those rows counts them (no counters on the policy).
 * ``fp32_region`` is the fp32 island a model uses for numerically sensitive tails (e.g. the
   ``log(expm1(sigma))`` scaling of a SEDD score network).
 * ``PrecisionPolicy.record`` is what every output stores (rule 8).
