@@ -137,3 +137,36 @@ def test_the_engine_on_cuda_with_graphs_matches_solo_runs():
     assert engine.sampler.graphs.replays > 0
     for j, h in zip(jobs, handles, strict=True):
         assert torch.equal(h.future.result(timeout=0).tokens, solo(j))
+
+
+def test_replays_read_the_static_inputs_and_hand_out_copies(monkeypatch: pytest.MonkeyPatch):
+    """The bookkeeping around a graph, on any device: a stand-in graph whose replay recomputes
+    the step from the captured static inputs into the captured outputs (what a CUDA graph does).
+    One capture per shape and plan; every later block is copied in, replayed and cloned out."""
+    from sedd.cuda_graphs import _Captured
+
+    graphed = sampler(True)
+    graphed.graphs.enabled = True
+
+    class StandIn:
+        def __init__(self, rows: StepRows, plan: StepPlan, amp: bool, outputs) -> None:
+            self.rows, self.plan, self.amp, self.outputs = rows, plan, amp, outputs
+
+        def replay(self) -> None:
+            fresh = graphed._block_step(self.rows, self.plan, self.amp)
+            for static, value in zip(self.outputs, fresh, strict=True):
+                static.copy_(value)
+
+    def capture(rows: StepRows, plan: StepPlan, amp: bool) -> _Captured:
+        inputs = [None if v is None else v.clone() for v in rows.tensors()]
+        static = StepRows.from_tensors(inputs)
+        outputs = graphed._block_step(static, plan, amp)
+        graphed.graphs.captures += 1
+        return _Captured(StandIn(static, plan, amp, outputs), inputs, outputs)
+
+    monkeypatch.setattr(graphed.graphs, "_capture", capture)
+    got = run_jobs(graphed, mixed_jobs())
+    counts = graphed.graphs.captures, graphed.graphs.replays
+    assert 1 <= counts[0] <= 4 and counts[1] > 5 * counts[0]  # a few plans, many replays
+    for a, b in zip(got, run_jobs(sampler(False), mixed_jobs()), strict=True):
+        assert torch.equal(a, b)
