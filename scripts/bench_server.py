@@ -38,10 +38,10 @@ import torch
 import uvicorn
 
 from sedd.checkpoints import LoadedModel, build_model, save_native
-from sedd.config import ModelConfig
-from sedd.graph import graph_from_config
-from sedd.noise import noise_from_config
-from sedd.paths import DEFAULT_MODEL
+from sedd.checkpoints.schema import ModelConfig
+from sedd.defaults import DEFAULT_MODEL
+from sedd.diffusion.graph import graph_from_config
+from sedd.diffusion.noise import noise_from_config
 from server.app import create_app
 from server.config import Settings
 

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import train_test_split
 
-from sedd.anndata_io import read_counts
-from sedd.anndata_out import write_cells_h5ad
+from sedd.io.read import read_counts
+from sedd.io.write import write_cells_h5ad
 
 SCANPY_VERSION = "1.11.5"
 DATASET = "10x_pbmc68k_reduced.h5ad"
@@ -111,7 +111,7 @@ The file's `.X` is z-scored; `.raw.X` holds `log1p(counts / n_counts * 1e4)`. Ex
 
     counts = round(expm1(raw.X) * obs["n_counts"] / 1e4)
 
-computed in float64 (`sedd.anndata_io.read_counts(path, recover="pbmc")`). Before rounding
+computed in float64 (`sedd.io.read.read_counts(path, recover="pbmc")`). Before rounding
 every value is within {max_error:.4f} of an integer (max |x - round(x)|; the threshold is
 0.25), so the rounding is unambiguous. `n_counts` is the library size over all genes, not
 just these {stats["n_genes"]}, so row sums here are smaller than `n_counts`.

@@ -25,6 +25,7 @@ import numpy as np
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
+from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL
 from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,
@@ -33,7 +34,6 @@ from sedd.eval.metrics import (
     mmd2_unbiased,
 )
 from sedd.eval.quality import HeldOut
-from sedd.paths import BUNDLED_DATA, DEFAULT_MODEL
 from sedd.precision import resolve_precision
 
 HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pearson")

@@ -57,9 +57,9 @@ def _items() -> list[tuple[str, str, int, int]]:
 
 def run(part: int, parts: int, precision: str, tokens_per_forward: int) -> None:
     from sedd.api import load
+    from sedd.defaults import BUNDLED_DATA
+    from sedd.diffusion.sampling import block_rows_for
     from sedd.eval.quality import HeldOut
-    from sedd.paths import BUNDLED_DATA
-    from sedd.sampling import block_rows_for
 
     model = load(device="cpu", precision=precision, tokens_per_forward=tokens_per_forward)
     held_out = HeldOut.from_file(BUNDLED_DATA, model.genes)
@@ -97,8 +97,8 @@ def _load_sets() -> dict[str, np.ndarray]:
 
 def report() -> None:
     from sedd.api import load
+    from sedd.defaults import BUNDLED_DATA
     from sedd.eval.quality import FIGURES, HeldOut
-    from sedd.paths import BUNDLED_DATA
 
     model = load(device="cpu", precision="fp32")
     held_out = HeldOut.from_file(BUNDLED_DATA, model.genes)
@@ -206,10 +206,10 @@ ORACLE_SETTINGS = (("euler", "uniform"), ("euler", "cosine"), ("analytic", "unif
 def oracle(positions: int, tokens: int, coupling: float, cells: int) -> None:
     import torch
 
+    from sedd.diffusion.graph import AbsorbingGraph
+    from sedd.diffusion.noise import LogLinearNoise
+    from sedd.engine.samplers import AnalyticSampler, EulerSampler
     from sedd.eval.exact import ExactModel, potts_distribution, state_index
-    from sedd.graph import AbsorbingGraph
-    from sedd.noise import LogLinearNoise
-    from sedd.samplers import AnalyticSampler, EulerSampler
 
     joint = potts_distribution(positions, tokens, coupling)
     model = ExactModel(joint, positions, tokens, "x0")

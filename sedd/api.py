@@ -24,15 +24,15 @@ from typing import Any
 import anndata
 import torch
 
-from sedd.anndata_out import cells_anndata
 from sedd.batch.conditions import known_perturbations, perturbation_conditions
 from sedd.batch.impute import imputation_from_anndata
 from sedd.batch.requests import GenerationRequest, Imputation, cell_plan
 from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import TimeGrid, resolve_schedule
+from sedd.diffusion.sampling import Predictor
+from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
-from sedd.sampling import Predictor
 
 __all__ = ["Model", "load"]
 

@@ -10,6 +10,7 @@ that learned stronger dependence between genes may need more steps: measure it t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, get_args
 
 TimeGrid = Literal["uniform", "cosine"]
@@ -30,3 +31,12 @@ def resolve_schedule(steps: int | None, grid: str | None) -> tuple[int, str]:
     if grid is None:
         return int(steps), STEPS_ONLY_GRID  # type: ignore[arg-type]
     return (DEFAULT_STEPS if steps is None else int(steps)), grid
+
+
+# Paths of what ships with the package (the CLI's parsers read these too).
+# The repository root when installed from a checkout (`pip install -e .`): models/ and data/.
+ROOT = Path(__file__).resolve().parents[1]
+# The model served and sampled when no path is given: the bundled PBMC model.
+DEFAULT_MODEL = ROOT / "models" / "pbmc_default"
+# The bundled real counts (PBMC 68k reduced, 700 cells x 765 genes) the default model trained on.
+BUNDLED_DATA = ROOT / "data" / "pbmc68k_counts.h5ad"

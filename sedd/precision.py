@@ -45,7 +45,7 @@ class NonFiniteScoreError(RuntimeError):
 
 
 class ScoreModel(Protocol):
-    """What any module must provide to be sampled (see ``sedd.model`` for the full contract)."""
+    """What any module must provide to be sampled (the full contract: ``sedd.models.st3``)."""
 
     parametrisation: Literal["x0", "score"]
     vocab_size: int

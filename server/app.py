@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sedd.checkpoints import load_checkpoint
 from sedd.engine import Engine
-from sedd.monitor import Monitor
+from sedd.engine.monitor import Monitor
 from sedd.precision import resolve_precision
 from server.config import Settings
 from server.errors import MAPPED, http_error

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
 
 __all__ = ["Settings"]
 

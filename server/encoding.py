@@ -1,6 +1,6 @@
 """Engine results -> response bodies ("encode"): JSON models or ``.h5ad`` bytes.
 
-Counts come from ``sedd.cells.tokens_to_counts`` (which refuses a leftover mask token); means
+Counts come from ``sedd.io.tokens.tokens_to_counts`` (which refuses a leftover mask token); means
 and shifts are computed from integer counts, so every number in a body is finite.
 """
 
@@ -14,10 +14,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sedd.anndata_out import provenance_uns, write_cells_h5ad
 from sedd.batch.run import model_provenance
-from sedd.cells import tokens_to_counts
 from sedd.engine import JobResult
+from sedd.io.tokens import tokens_to_counts
+from sedd.io.write import provenance_uns, write_cells_h5ad
 from server.planning import PlannedJob, finite_or_zero
 from server.schemas import (
     CellLabels,

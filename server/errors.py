@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from sedd.cells import CountRangeError
 from sedd.checkpoints import UnknownLabelError
 from sedd.engine import EngineFull, EngineStopped, InvalidTokensError, JobCancelled, JobTimeout
+from sedd.io.tokens import CountRangeError
 from sedd.precision import NonFiniteScoreError
 
 log = logging.getLogger("sedd.server")

@@ -5,7 +5,7 @@
 * ``request_seconds{route}`` (end to end) and ``queue_seconds{route}`` histograms.
 * Engine side (``EngineObserver``, called on the engine thread): rows per forward, step time,
   cells and tokens generated, fp32 fallbacks.
-* From the app's ``sedd.monitor.Monitor`` (created by the lifespan, fed by the observer), one
+* From the app's ``sedd.engine.monitor.Monitor`` (created by the lifespan, fed by the observer), one
   snapshot per scrape: cells/s, tokens/s and forwards/s over the last minute; process RSS
   (current and peak) and, on CUDA, allocated accelerator memory (current and peak since
   start-up); and, where NVML reads the GPU, its utilisation and device memory.
@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sedd.monitor import Monitor, MonitorSnapshot
+from sedd.engine.monitor import Monitor, MonitorSnapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)

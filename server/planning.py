@@ -25,10 +25,10 @@ from sedd.batch.requests import (
     imputation_from_counts,
     job_for,
 )
-from sedd.cells import CountClipWarning, CountRangeError
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.defaults import resolve_schedule
 from sedd.engine import EngineJob
+from sedd.io.tokens import CountClipWarning, CountRangeError
 from server.config import Settings
 from server.errors import FieldError
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions

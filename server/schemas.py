@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from sedd.config import ModelConfig
+from sedd.checkpoints.schema import ModelConfig
 from sedd.defaults import TimeGrid
-from sedd.sampling import Predictor
+from sedd.diffusion.sampling import Predictor
 from server.config import Settings
 
 SamplerName = Predictor  # the library's one definition

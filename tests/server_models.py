@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from sedd.checkpoints import LoadedModel, build_model, save_native
-from sedd.config import ModelConfig
-from sedd.graph import graph_from_config
-from sedd.noise import noise_from_config
+from sedd.checkpoints.schema import ModelConfig
+from sedd.diffusion.graph import graph_from_config
+from sedd.diffusion.noise import noise_from_config
 
 GENES = [f"GENE{i}" for i in range(12)]
 PERTURBATIONS = ["ctrl", "KRAS", "TP53", "MYC", "BAD"]

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 import sedd
 from sedd.batch.run import PositionalGenesWarning
+from sedd.checkpoints.schema import ModelConfig
 from sedd.cli import main
-from sedd.config import ModelConfig
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
 
 ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
 

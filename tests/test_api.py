@@ -18,7 +18,7 @@ from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_
 
 import sedd
 from sedd.cli import main as sedd_main
-from sedd.samplers import EulerSampler
+from sedd.engine.samplers import EulerSampler
 
 pytestmark = pytest.mark.anyio
 

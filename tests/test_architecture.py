@@ -273,3 +273,12 @@ def test_every_name_scripts_and_tests_import_from_the_library_exists() -> None:
 
 def _is_submodule(package: str, name: str) -> bool:
     return (ROOT / package.replace(".", "/") / f"{name}.py").is_file()
+
+
+def test_sedd_holds_role_packages_and_five_modules() -> None:
+    """The top floor: the front doors, the vocabulary and the precision policy; everything else
+    lives in a package named for its role (models/, diffusion/, io/, engine/, ...)."""
+    top = sorted(p.name for p in (ROOT / "sedd").glob("*.py"))
+    assert top == ["__init__.py", "api.py", "cli.py", "defaults.py", "precision.py"]
+    packages = {p.name for p in (ROOT / "sedd").iterdir() if (p / "__init__.py").exists()}
+    assert {"models", "diffusion", "io", "engine", "checkpoints", "batch"} <= packages

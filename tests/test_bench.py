@@ -18,7 +18,7 @@ from sedd.bench.flops import forward_flops
 from sedd.cli import main
 from sedd.defaults import resolve_schedule
 from sedd.eval.quality import FIGURES
-from sedd.model import SEDDTransformer
+from sedd.models.st3 import SEDDTransformer
 
 
 def test_bench_prints_and_writes_fp32_and_bf16_side_by_side(tmp_path, capsys):

@@ -15,12 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sedd.anndata_io import read_counts
-from sedd.anndata_out import write_cells_h5ad
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
+from sedd.io.read import read_counts
+from sedd.io.write import write_cells_h5ad
 from sedd.precision import resolve_precision
 
 pytest.importorskip("cell_eval")

@@ -15,15 +15,15 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sedd.anndata_io import GeneAlignmentWarning, align_genes, read_counts
-from sedd.anndata_out import provenance_uns, write_cells_h5ad
-from sedd.cells import (
+from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts
+from sedd.io.tokens import (
     CountClipWarning,
     CountRangeError,
     TokenizedCells,
     counts_to_tokens,
     tokens_to_counts,
 )
+from sedd.io.write import provenance_uns, write_cells_h5ad
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GENES = ["CD3E", "MS4A1", "LYZ", "NKG7", "GNLY"]
@@ -324,7 +324,7 @@ def test_write_cells_h5ad_float32_keeps_the_integer_values(tmp_path: Path) -> No
 def test_cell_writer_appends_batches_on_disk_and_reads_back_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sedd.anndata_out as out
+    import sedd.io.write as out
 
     monkeypatch.setattr(out, "_FLUSH_NNZ", 7)  # an append every batch or two
     rng = np.random.default_rng(0)
@@ -344,7 +344,7 @@ def test_cell_writer_appends_batches_on_disk_and_reads_back_exactly(
 
 
 def test_cell_writer_leaves_nothing_behind_on_error(tmp_path: Path) -> None:
-    import sedd.anndata_out as out
+    import sedd.io.write as out
 
     path = tmp_path / "cells.h5ad"
     with pytest.raises(ValueError, match="counts must be"), out.CellWriter(path, ["a", "b"]) as w:

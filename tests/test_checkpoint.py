@@ -33,10 +33,10 @@ from sedd.checkpoints import (
     load_checkpoint,
     save_native,
 )
+from sedd.checkpoints.schema import SCHEMA_VERSION, ModelConfig
 from sedd.cli import main
 from sedd.commands import args as command_args
 from sedd.commands import loading
-from sedd.config import SCHEMA_VERSION, ModelConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
 

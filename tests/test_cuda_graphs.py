@@ -15,10 +15,10 @@ import torch
 from devices import DEVICE, needs_cuda
 from test_engine import LOADED, job, run_until_idle
 
-from sedd.cuda_graphs import GraphedSteps, cuda_graphs_from_env
+from sedd.diffusion.cuda_graphs import GraphedSteps, cuda_graphs_from_env
+from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
 from sedd.engine import Engine, EngineJob, JobLimits
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.sampling import Sampler, StepPlan, StepRows
 
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
 
@@ -143,7 +143,7 @@ def test_replays_read_the_static_inputs_and_hand_out_copies(monkeypatch: pytest.
     """The bookkeeping around a graph, on any device: a stand-in graph whose replay recomputes
     the step from the captured static inputs into the captured outputs (what a CUDA graph does).
     One capture per shape and plan; every later block is copied in, replayed and cloned out."""
-    from sedd.cuda_graphs import _Captured
+    from sedd.diffusion.cuda_graphs import _Captured
 
     graphed = sampler(True)
     graphed.graphs.enabled = True

@@ -13,9 +13,11 @@ from torch import nn
 
 from sedd.batch.requests import GenerationRequest, cell_plan, job_for
 from sedd.batch.run import generate
-from sedd.cells import tokens_to_counts
 from sedd.checkpoints import LoadedModel, load_checkpoint
-from sedd.config import ModelConfig
+from sedd.checkpoints.schema import ModelConfig
+from sedd.diffusion.graph import graph_from_config
+from sedd.diffusion.noise import noise_from_config
+from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows, block_rows_for
 from sedd.engine import (
     Engine,
     EngineFull,
@@ -28,12 +30,10 @@ from sedd.engine import (
     JobTimeout,
     run_job,
 )
-from sedd.graph import graph_from_config
-from sedd.model import SEDDPerturbationTransformer
-from sedd.noise import noise_from_config
+from sedd.engine.samplers import AnalyticSampler, EulerSampler
+from sedd.io.tokens import tokens_to_counts
+from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
-from sedd.samplers import AnalyticSampler, EulerSampler
-from sedd.sampling import Proposal, Sampler, StepPlan, StepRows, block_rows_for
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)

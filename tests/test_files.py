@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sedd.files import check_writable, remove_stale_temporaries, temporary_name
+from sedd.io.files import check_writable, remove_stale_temporaries, temporary_name
 
 
 def _dead_pid() -> int:

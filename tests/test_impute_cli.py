@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 
 from sedd.cli import main
-from sedd.paths import BUNDLED_DATA
+from sedd.defaults import BUNDLED_DATA
 
 
 def test_impute_723_known_and_2_unknown_genes_returns_all_765(

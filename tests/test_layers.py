@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sedd.layers import RotaryEmbedding, rope_attention
-from sedd.model import AdaLayerNorm
+from sedd.models.layers import RotaryEmbedding, rope_attention
+from sedd.models.st3 import AdaLayerNorm
 
 # fused multiply-adds round once where the formula rounds twice: a few fp32 ulps apart
 ATOL = 2e-6

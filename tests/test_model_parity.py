@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sedd.ddit import DDiT
-from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
+from sedd.models.ddit import DDiT
+from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
 DATA = Path(__file__).parent / "data"
 ST3 = DATA / "st3"

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import Engine, EngineJob, JobLimits, run_job
-from sedd.graph import AbsorbingGraph
-from sedd.model import SEDDTransformer
-from sedd.monitor import Monitor, NvmlProbe
-from sedd.noise import LogLinearNoise
+from sedd.engine.monitor import Monitor, NvmlProbe
+from sedd.models.st3 import SEDDTransformer
 from sedd.precision import resolve_precision
-from sedd.sampling import Sampler
 
 
 class SteppedClock:

@@ -9,19 +9,19 @@ import torch
 from exact_models import ExactModel, potts_distribution
 from torch import nn
 
+import sedd.diffusion.sampling
 import sedd.precision
-import sedd.sampling
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
+from sedd.diffusion.sampling import StepRows
 from sedd.engine import Engine
-from sedd.graph import AbsorbingGraph
-from sedd.noise import LogLinearNoise
+from sedd.engine.samplers import EulerSampler
 from sedd.precision import (
     NonFiniteScoreError,
     PrecisionError,
     PrecisionPolicy,
     resolve_precision,
 )
-from sedd.samplers import EulerSampler
-from sedd.sampling import StepRows
 
 JOINT = potts_distribution(5, 3, 2.0)
 
@@ -52,13 +52,13 @@ class NaNRowModel(nn.Module):
 
 def test_autocast_covers_the_model_forward_only_and_draws_are_fp64(monkeypatch):
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
-    real = sedd.sampling.sample_categorical
+    real = sedd.diffusion.sampling.sample_categorical
 
     def spy(probs, uniforms):
         seen.append((torch.is_autocast_enabled("cpu"), probs.dtype, uniforms.dtype))
         return real(probs, uniforms)
 
-    monkeypatch.setattr(sedd.sampling, "sample_categorical", spy)
+    monkeypatch.setattr(sedd.diffusion.sampling, "sample_categorical", spy)
     model = ExactModel(JOINT, 5, 3, "x0")
     sampler = EulerSampler(
         model, LogLinearNoise(), AbsorbingGraph(3), use_amp=True, amp_dtype=torch.bfloat16
@@ -165,10 +165,10 @@ def test_fp64_draws_reach_rare_categories_at_their_rate():
     n = 4_000_000
     probs = torch.tensor([[1 - 2e-8, 2e-8]]).expand(n, 2)
     uniforms = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    drawn = sedd.sampling.sample_categorical(probs, uniforms)
+    drawn = sedd.diffusion.sampling.sample_categorical(probs, uniforms)
     assert drawn.dtype == torch.long
     with pytest.raises(TypeError, match="float64"):
-        sedd.sampling.sample_categorical(probs, uniforms.float())
+        sedd.diffusion.sampling.sample_categorical(probs, uniforms.float())
     # The draw is an exact inverse CDF: category 1 exactly when u * total lands in its interval.
     total = probs[0].double().sum()
     expected = (uniforms * total >= probs[0, 0].double()).long()
@@ -182,7 +182,7 @@ def test_bf16_autocast_on_the_lane_device_covers_the_forward_only(monkeypatch):
     from test_engine import LOADED, job, run_until_idle
 
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
-    real = sedd.sampling.sample_categorical
+    real = sedd.diffusion.sampling.sample_categorical
 
     def spy(probs, uniforms):
         seen.append((torch.is_autocast_enabled(DEVICE.type), probs.dtype, uniforms.dtype))
@@ -192,7 +192,7 @@ def test_bf16_autocast_on_the_lane_device_covers_the_forward_only(monkeypatch):
     hook = LOADED.model.register_forward_hook(
         lambda *_: inside.append(torch.is_autocast_enabled(DEVICE.type))
     )
-    monkeypatch.setattr(sedd.sampling, "sample_categorical", spy)
+    monkeypatch.setattr(sedd.diffusion.sampling, "sample_categorical", spy)
     try:
         engine = Engine.for_model(LOADED, resolve_precision("bf16", DEVICE))
         handle = engine.submit(job(3, steps=3, seed=2))

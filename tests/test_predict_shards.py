@@ -19,7 +19,7 @@ from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
-from sedd.files import sha256_file
+from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
 
 ST3 = Path(__file__).parent / "data" / "st3" / "experiments"

@@ -1,5 +1,6 @@
-"""Counter-based randomness (``sedd.randomness``): Philox-4x32 known answers, the exactness of the
-int64 arithmetic, the statistical quality of the uniforms and the purity of ``cell_uniforms``.
+"""Counter-based randomness (``sedd.diffusion.randomness``): Philox-4x32 known answers, the
+exactness of the int64 arithmetic, the statistical quality of the uniforms and the purity of
+``cell_uniforms``.
 
 All draws are deterministic, so every statistical threshold below is a fixed pass or fail: the
 thresholds are loose enough (p > 1e-3, |r| < 5 / sqrt(n)) that a sound generator passes them with
@@ -16,7 +17,7 @@ import torch
 from devices import DEVICE, needs_cuda
 from scipy import stats
 
-from sedd.randomness import (
+from sedd.diffusion.randomness import (
     MAX_CELLS,
     MAX_SEED,
     Purpose,

@@ -9,13 +9,13 @@ import torch
 from exact_models import ExactModel, potts_distribution
 from torch import nn
 
-from sedd.ddit import DDiT
+from sedd.diffusion.graph import AbsorbingGraph, UniformGraph
+from sedd.diffusion.noise import GeometricNoise, LogLinearNoise
+from sedd.diffusion.sampling import Sampler, StepRows, start_tokens
 from sedd.engine import JobProgress
-from sedd.graph import AbsorbingGraph, UniformGraph
-from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
-from sedd.noise import GeometricNoise, LogLinearNoise
-from sedd.samplers import AnalyticSampler, EulerSampler, PerturbationEulerSampler
-from sedd.sampling import Sampler, StepRows, start_tokens
+from sedd.engine.samplers import AnalyticSampler, EulerSampler, PerturbationEulerSampler
+from sedd.models.ddit import DDiT
+from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
 
 class FlatX0Model(nn.Module):

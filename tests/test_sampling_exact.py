@@ -19,9 +19,9 @@ import pytest
 import torch
 from exact_models import ExactModel, no_collision_probability, potts_distribution, state_index
 
-from sedd.graph import AbsorbingGraph
-from sedd.noise import LogLinearNoise
-from sedd.samplers import AnalyticSampler, EulerSampler
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
+from sedd.engine.samplers import AnalyticSampler, EulerSampler
 
 POSITIONS, TOKENS = 5, 3
 SAMPLES, STEPS, EPS = 20_000, 256, 1e-5

@@ -18,8 +18,8 @@ import sedd
 from sedd.batch.requests import GenerationRequest
 from sedd.cli import main as sedd_main
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
-from sedd.model import _ST3Base
-from sedd.sampling import time_grid
+from sedd.diffusion.sampling import time_grid
+from sedd.models.st3 import _ST3Base
 
 pytestmark = pytest.mark.anyio
 

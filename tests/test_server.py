@@ -21,9 +21,9 @@ from server_models import GENES, NUM_BINS, save_tiny_model
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
-from sedd.monitor import MonitorSnapshot
+from sedd.engine.monitor import MonitorSnapshot
+from sedd.engine.samplers import EulerSampler
 from sedd.precision import resolve_precision
-from sedd.samplers import EulerSampler
 from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio

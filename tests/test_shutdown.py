@@ -18,7 +18,7 @@ import httpx
 import pytest
 from server_models import save_tiny_model
 
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
 
 SEDD = [sys.executable, "-m", "sedd.cli"]
 

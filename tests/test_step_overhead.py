@@ -17,9 +17,9 @@ from checkpoint_files import ST3
 
 from sedd.bench.overhead import profile_ticks
 from sedd.checkpoints import LoadedModel, load_checkpoint
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import Engine, EngineJob, JobLimits
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler
 
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
 BLOCK = 256

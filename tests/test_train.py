@@ -19,11 +19,11 @@ from pydantic import ValidationError
 
 from sedd.checkpoints import load_checkpoint
 from sedd.commands import train as train_command
-from sedd.files import sha256_file
-from sedd.graph import AbsorbingGraph
-from sedd.noise import LogLinearNoise
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
+from sedd.engine.samplers import EulerSampler
+from sedd.io.files import sha256_file
 from sedd.precision import PrecisionError
-from sedd.samplers import EulerSampler
 from sedd.train.config import (
     TrainConfig,
     TrainingData,

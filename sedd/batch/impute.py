@@ -2,7 +2,7 @@
 
 Genes the model does not have are reported and dropped (not an error: real data often carries
 extra genes); model genes the data lacks are sampled like every unobserved count. The counts
-must be integers (``.X`` or a layer, as ``sedd.anndata_io.read_counts`` reads them).
+must be integers (``.X`` or a layer, as ``sedd.io.read.read_counts`` reads them).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import anndata
 
-from sedd.anndata_io import read_counts, require_unique
 from sedd.batch.requests import Imputation, imputation_from_counts
 from sedd.checkpoints import LoadedModel
+from sedd.io.read import read_counts, require_unique
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from typing import Any
 from sedd.batch.requests import GenerationRequest
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
-from sedd.files import temporary_beside
+from sedd.diffusion.sampling import block_rows_for
+from sedd.io.files import temporary_beside
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import block_rows_for
 
 FORMAT = "sedd-shards/1"
 REQUEST_FILE = "request.json"

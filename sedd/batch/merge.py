@@ -16,7 +16,6 @@ import anndata
 import pandas as pd
 import scipy.sparse as sp
 
-from sedd.anndata_out import CellWriter
 from sedd.batch.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
@@ -25,7 +24,8 @@ from sedd.batch.manifest import (
     read_json,
 )
 from sedd.batch.shards import Shard, shard_range
-from sedd.files import sha256_file, write_json_atomic
+from sedd.io.files import sha256_file, write_json_atomic
+from sedd.io.write import CellWriter
 
 _CHUNK_CELLS = 16384  # cells copied at a time
 

@@ -19,11 +19,11 @@ import pandas as pd
 import torch
 
 from sedd.batch.conditions import known_perturbations
-from sedd.cells import CountMatrix, counts_to_tokens
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid
+from sedd.diffusion.sampling import Predictor
 from sedd.engine import EngineJob
-from sedd.sampling import Predictor
+from sedd.io.tokens import CountMatrix, counts_to_tokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,7 +83,7 @@ class GenerationRequest:
     conditions: tuple[str, ...] | None = None
     cell_type: str | None = None
     steps: int = DEFAULT_STEPS
-    grid: TimeGrid = DEFAULT_GRID  # sedd.sampling.time_grid
+    grid: TimeGrid = DEFAULT_GRID  # sedd.diffusion.sampling.time_grid
     sampler: Predictor = "euler"
     temperature: float = 1.0
     seed: int = 0

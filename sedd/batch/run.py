@@ -2,10 +2,10 @@
 
 ``generate`` is what the Python API, ``sedd generate/predict/impute``, shard jobs and the
 st3-compatible scripts call. It builds the request's jobs (``sedd.batch.requests``), one per
-``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until each is
-done; ``on_batch`` sees each finished batch before the next one ends. A ``sedd.monitor.Monitor``
-(the engine's observer) counts its forwards and finished cells; its snapshot becomes the
-result's ``stats``.
+``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until each is done;
+``on_batch`` sees each finished batch before the next one ends. A ``sedd.engine.monitor.Monitor``
+(the engine's observer) counts its forwards and finished cells; its snapshot becomes the result's
+``stats``.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sedd.anndata_out import provenance_uns
 from sedd.batch.requests import GenerationRequest, cell_plan, jobs_for
-from sedd.cells import tokens_to_counts
 from sedd.checkpoints import LoadedModel
+from sedd.diffusion.sampling import block_rows_for
 from sedd.engine import Engine, EngineJob, JobResult, run_jobs
+from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
-from sedd.monitor import Monitor, MonitorSnapshot
+from sedd.io.tokens import tokens_to_counts
+from sedd.io.write import provenance_uns
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import block_rows_for
 
 
 @dataclass

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.anndata_out import CellWriter
 from sedd.batch.manifest import (
     ShardOutputError,
     ShardPaths,
@@ -37,7 +36,8 @@ from sedd.batch.run import generate, run_provenance
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine import JobProgress
-from sedd.files import sha256_file, write_json_atomic
+from sedd.io.files import sha256_file, write_json_atomic
+from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")

@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from sedd.diffusion.graph import AbsorbingGraph, Graph
+from sedd.diffusion.noise import LogLinearNoise, Noise
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import Engine, EngineJob, JobLimits
-from sedd.graph import AbsorbingGraph, Graph
-from sedd.model import SEDDTransformer
-from sedd.noise import LogLinearNoise, Noise
+from sedd.models.st3 import SEDDTransformer
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler
 
 SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::nonzero"})
 

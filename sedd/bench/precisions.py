@@ -7,7 +7,7 @@ per second), ms per forward, peak memory, and the bf16 / fp32 ratios. Score pari
 |log p(bf16) - log p(fp32)| over the clean tokens, docs/precision.md "Parity") is measured on fixed
 inputs.
 
-Peak memory: see ``sedd.monitor.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).
+Peak memory: see ``sedd.engine.monitor.PeakMemory`` (CUDA max allocated, or CPU peak RSS increase).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import Engine, EngineJob, JobLimits, JobResult
+from sedd.engine.monitor import PeakMemory
 from sedd.engine.offline import run_job
-from sedd.graph import AbsorbingGraph
-from sedd.model import SEDDTransformer
-from sedd.monitor import PeakMemory
-from sedd.noise import LogLinearNoise
+from sedd.models.st3 import SEDDTransformer
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.sampling import Sampler
 
 
 @dataclass(frozen=True)

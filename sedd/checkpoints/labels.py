@@ -26,7 +26,7 @@ import torch
 
 from sedd.checkpoints.io import CheckpointError, read_safetensors, read_torch_file, require_file
 from sedd.checkpoints.loaded import SourceParts
-from sedd.config import ModelConfig
+from sedd.checkpoints.schema import ModelConfig
 
 __all__ = [
     "names_from_mapping",

@@ -2,9 +2,9 @@
 
 Supported sources (``detect_layout``):
 
-* ``"native"``: our format, a directory with ``config.json`` (``sedd.config.ModelConfig``),
-  ``model.safetensors`` (fp32) and, for vector-conditioned models,
-  ``perturbation_vectors.safetensors`` (name -> vector).
+* ``"native"``: our format, a directory with ``config.json``
+  (``sedd.checkpoints.schema.ModelConfig``), ``model.safetensors`` (fp32) and, for
+  vector-conditioned models, ``perturbation_vectors.safetensors`` (name -> vector).
 * ``"st3"``: an st3 experiment directory (``args.json`` + ``best.pt`` / ``final.pt`` /
   ``epoch_N.pt``), or one ``.pt`` file inside one (``sedd.checkpoints.st3``).
 * ``"sedd_hf"``: a reference SEDD model directory, ``config.json`` + ``model.safetensors`` or
@@ -37,9 +37,9 @@ from sedd.checkpoints.loaded import (
     problems,
 )
 from sedd.checkpoints.native import load_native
-from sedd.graph import graph_from_config
-from sedd.noise import noise_from_config
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
+from sedd.diffusion.graph import graph_from_config
+from sedd.diffusion.noise import noise_from_config
 
 __all__ = ["DEFAULT_MODEL", "detect_layout", "load_checkpoint"]
 

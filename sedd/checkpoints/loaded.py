@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from torch import nn
 
 from sedd.checkpoints.io import CheckpointError, read_json
-from sedd.config import ModelConfig
-from sedd.ddit import DDiT
-from sedd.graph import Graph
-from sedd.model import SEDDPerturbationTransformer, SEDDTransformer
-from sedd.noise import Noise
+from sedd.checkpoints.schema import ModelConfig
+from sedd.diffusion.graph import Graph
+from sedd.diffusion.noise import Noise
+from sedd.models.ddit import DDiT
+from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
 Layout = Literal["native", "st3", "sedd_hf", "sedd_run"]
 CONFIG_FILE = "config.json"

@@ -1,5 +1,6 @@
-"""Our own format: ``config.json`` (``sedd.config.ModelConfig``) + ``model.safetensors`` (fp32),
-plus ``perturbation_vectors.safetensors`` for vector-conditioned models."""
+"""Our own format: ``config.json`` (``sedd.checkpoints.schema.ModelConfig``) +
+``model.safetensors`` (fp32), plus ``perturbation_vectors.safetensors`` for vector-conditioned
+models."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from sedd.checkpoints.loaded import (
     SourceParts,
     read_model_config,
 )
-from sedd.config import ModelConfig
-from sedd.files import sha256_file, write_bytes_atomic
+from sedd.checkpoints.schema import ModelConfig
+from sedd.io.files import sha256_file, write_bytes_atomic
 
 
 def load_native(root: Path, checkpoint: str | None) -> SourceParts:

@@ -34,7 +34,7 @@ from sedd.checkpoints.loaded import (
     SourceParts,
     build_model,
 )
-from sedd.config import (
+from sedd.checkpoints.schema import (
     DDiTArch,
     GeometricNoiseConfig,
     GraphConfig,
@@ -43,7 +43,7 @@ from sedd.config import (
     Provenance,
     TokenConfig,
 )
-from sedd.files import sha256_file
+from sedd.io.files import sha256_file
 
 __all__ = ["config_from_reference", "load_sedd_hf", "load_sedd_run"]
 

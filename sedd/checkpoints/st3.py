@@ -35,7 +35,7 @@ from sedd.checkpoints.labels import (
     with_label_files,
 )
 from sedd.checkpoints.loaded import SourceParts
-from sedd.config import (
+from sedd.checkpoints.schema import (
     RESERVED_OBS_COLUMNS,
     GraphConfig,
     LogLinearNoiseConfig,
@@ -45,7 +45,7 @@ from sedd.config import (
     ST3PerturbationArch,
     TokenConfig,
 )
-from sedd.files import sha256_file
+from sedd.io.files import sha256_file
 
 __all__ = [
     "choose_st3_checkpoint",

@@ -1,7 +1,7 @@
 """The options several commands share, defined without importing torch or the library.
 
 ``sedd --help`` and ``sedd COMMAND --help`` build every parser, so nothing here (or at the top
-of a command module) may import more than argparse and ``sedd.paths``; the work a command does
+of a command module) may import more than argparse and ``sedd.defaults``; the work a command does
 is imported when it runs.
 
 Vocabulary (the same in the CLI, the Python API, HTTP and the .h5ad files): a *condition* is a
@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.defaults import TIME_GRIDS
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL, TIME_GRIDS
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:

@@ -188,7 +188,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from sedd.api import load
     from sedd.bench import environment
     from sedd.bench.compare import compare, mfu
-    from sedd.paths import BUNDLED_DATA
+    from sedd.defaults import BUNDLED_DATA
 
     if args.chunks < 1 or args.seed < 0:
         raise ValueError(f"--chunks must be >= 1 and --seed >= 0, got {args.chunks}, {args.seed}.")

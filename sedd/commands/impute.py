@@ -33,11 +33,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sedd.anndata_out import write_h5ad_atomic
     from sedd.api import Model
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import finish, resolve_precision_noting
-    from sedd.files import check_writable
+    from sedd.io.files import check_writable
+    from sedd.io.write import write_h5ad_atomic
 
     data = args.data or args.input
     if not data.is_file():

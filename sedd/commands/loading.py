@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from sedd.checkpoints import CheckpointNotFoundError, LoadedModel, load_checkpoint
-from sedd.paths import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL
 
 
 def resolve_device(device: str | None) -> str:

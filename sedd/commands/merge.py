@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sedd.batch.merge import merge_shards
-    from sedd.files import check_writable
+    from sedd.io.files import check_writable
 
     check_writable(args.out)
     summary = merge_shards(args.dir, args.out, count_dtype=args.counts_dtype)

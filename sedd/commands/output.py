@@ -14,14 +14,14 @@ from typing import Any, Literal
 
 import torch
 
-from sedd.anndata_out import CellWriter
 from sedd.batch.requests import GenerationRequest, cell_plan
 from sedd.batch.run import generate, progress_bar, run_provenance
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import resolve_schedule
-from sedd.files import check_writable, write_json_atomic
+from sedd.io.files import check_writable, write_json_atomic
+from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
 
 CountsDtype = Literal["int", "float32"]

@@ -33,7 +33,7 @@ from sedd.commands.output import (
     run_shard,
     write_one_file,
 )
-from sedd.files import write_json_atomic
+from sedd.io.files import write_json_atomic
 
 
 def _common_parser(description: str) -> argparse.ArgumentParser:

@@ -18,12 +18,12 @@ settled after one small readback a tick.
   size and torch version; ``tests/test_batch_invariance.py``).
 * Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
   cannot share a forward; each kind gets its own forward in the tick.
-* Faults stay with their job. Randomness is counter-based (``sedd.randomness``), so a failed
-  step is retried by computing it again: nothing to save or restore. Out of memory: the rows are
-  split in halves and retried, and a single job that still runs out alone fails with the error.
-  Any other error (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job
-  is retried alone and only those that fail again fail. A finished job holding a mask or
-  out-of-range token fails (docs/precision.md rule 5). Nothing a job does stops the engine.
+* Faults stay with their job. Randomness is counter-based (``sedd.diffusion.randomness``), so a
+  failed step is retried by computing it again: nothing to save or restore. Out of memory: the rows
+  are split in halves and retried, and a single job that still runs out alone fails with the error.
+  Any other error (e.g. ``NonFiniteScoreError``, NaN/Inf left after the fp32 fallback): each job is
+  retried alone and only those that fail again fail. A finished job holding a mask or out-of-range
+  token fails (docs/precision.md rule 5). Nothing a job does stops the engine.
 * The model runs only on the engine thread (``start``), or in the caller's ``tick`` before that.
   A progress hook's ``Exception`` is logged, never raised; a ``BaseException`` (a kill) is not.
 """

@@ -5,8 +5,8 @@ This is the only sampling loop in the codebase. The server ticks it on a backgro
 (``sedd.engine.offline``). Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave,
 waiting rows join, then one packed step moves every in-flight row one step on its own job's
 ``time_grid(steps, eps)``, followed by the denoise to s = 0, with per-row t, s, temperature,
-predictor, conditioning and random stream (``sedd.engine.rows``). Cell i of a job draws from
-stream (seed, first_cell + i) (``sedd.randomness``), and the model runs on fixed row blocks, so
+predictor, conditioning and random stream (``sedd.engine.rows``). Cell i of a job draws from stream
+(seed, first_cell + i) (``sedd.diffusion.randomness``), and the model runs on fixed row blocks, so
 its tokens are those of the same cell run alone, bit for bit.
 
 A tick makes one host sync in the usual case: the step is proposed on the device for every kind
@@ -28,7 +28,8 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 from sedd.checkpoints import LoadedModel
-from sedd.cuda_graphs import cuda_graphs_from_env
+from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
+from sedd.diffusion.sampling import Sampler, block_rows_for
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -46,7 +47,6 @@ from sedd.engine.jobs import (
 from sedd.engine.rows import JobState, RowBlock
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
-from sedd.sampling import Sampler, block_rows_for
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,10 @@ class Engine:
     ) -> Engine:
         """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's.
 
-        Every forward runs on fixed blocks of ``block_rows_for(genes, device,
-        tokens_per_forward)`` rows, so a cell does not depend on what it was packed with.
-        ``cuda_graphs`` replays each block step from a captured CUDA graph on CUDA (None:
-        ``SEDD_CUDA_GRAPHS``, off when unset; ``sedd.cuda_graphs``); it never changes a cell.
+        Every forward runs on fixed blocks of ``block_rows_for(genes, device, tokens_per_forward)``
+        rows, so a cell does not depend on what it was packed with. ``cuda_graphs`` replays each
+        block step from a captured CUDA graph on CUDA (None: ``SEDD_CUDA_GRAPHS``, off when unset;
+        ``sedd.diffusion.cuda_graphs``); it never changes a cell.
         """
         rows = block_rows_for(loaded.config.num_genes, loaded.device, tokens_per_forward)
         graphs = cuda_graphs_from_env() if cuda_graphs is None else cuda_graphs

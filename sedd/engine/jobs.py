@@ -1,7 +1,7 @@
 """What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
 
 An ``EngineJob`` is one request's rows resolved to tensors (``sedd.batch.requests.job_for``
-builds them from a request: cell i on random stream (seed, i), ``sedd.randomness``);
+builds them from a request: cell i on random stream (seed, i), ``sedd.diffusion.randomness``);
 ``validate_job`` checks one
 against the model's ``JobLimits`` before it is queued.
 """
@@ -18,9 +18,9 @@ import torch
 
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import TIME_GRIDS, TimeGrid
-from sedd.graph import Graph
-from sedd.randomness import MAX_CELLS, MAX_SEED, MAX_STEPS
-from sedd.sampling import Predictor
+from sedd.diffusion.graph import Graph
+from sedd.diffusion.randomness import MAX_CELLS, MAX_SEED, MAX_STEPS
+from sedd.diffusion.sampling import Predictor
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -44,8 +44,8 @@ class EngineJob:
     x_init: torch.Tensor | None = None  # (N, G) tokens for imputation (mask elsewhere)
     fixed: torch.Tensor | None = None  # (N, G) bool, positions never changed
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
-    eps: float = 1e-5  # the grid ends at t = eps (``sedd.sampling.time_grid``)
-    grid: TimeGrid = "uniform"  # how t falls from 1 to eps (``sedd.sampling.time_grid``)
+    eps: float = 1e-5  # the grid ends at t = eps (``sedd.diffusion.sampling.time_grid``)
+    grid: TimeGrid = "uniform"  # how t falls from 1 to eps (``sedd.diffusion.sampling.time_grid``)
     denoise: bool = True  # the final step from eps to 0; without it masks may remain
 
     @property
@@ -123,7 +123,7 @@ class JobHandle:
 @dataclass(frozen=True)
 class JobLimits:
     """What ``validate_job`` checks a job against. ``None``: not known, so not checked (a bare
-    score module sampled through ``sedd.samplers``)."""
+    score module sampled through ``sedd.engine.samplers``)."""
 
     num_genes: int | None
     num_perturbations: int | None = None  # 0: unconditional

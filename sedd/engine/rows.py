@@ -19,9 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sedd.diffusion.graph import Graph
+from sedd.diffusion.sampling import (
+    Proposal,
+    Sampler,
+    StepOutput,
+    StepPlan,
+    StepRows,
+    start_tokens,
+    time_grid,
+)
 from sedd.engine.jobs import EngineJob, JobHandle, JobProgress
-from sedd.graph import Graph
-from sedd.sampling import Proposal, Sampler, StepOutput, StepPlan, StepRows, start_tokens, time_grid
 
 _EMPTY = torch.empty(0)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from sedd.diffusion.sampling import Proposal, Sampler
 from sedd.engine.jobs import JobResult, is_out_of_memory
 from sedd.engine.rows import (
     JobState,
@@ -30,7 +31,6 @@ from sedd.engine.rows import (
     propose_slices,
     settle_packed,
 )
-from sedd.sampling import Proposal, Sampler
 
 log = logging.getLogger(__name__)
 

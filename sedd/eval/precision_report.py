@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from sedd.anndata_io import align_genes, read_counts
-from sedd.cells import counts_to_tokens
 from sedd.checkpoints import LoadedModel
+from sedd.io.read import align_genes, read_counts
+from sedd.io.tokens import counts_to_tokens
 from sedd.precision import PrecisionPolicy, resolve_precision
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.anndata_io import read_counts
 from sedd.eval.gene_metrics import gene_correlation_matrix, log_normalize, top_variable_genes
 from sedd.eval.metrics import evaluate_counts
+from sedd.io.read import read_counts
 
 FIGURES = ("corr_rms", "mmd2_rbf", "energy_distance", "within_label_agreement")
 

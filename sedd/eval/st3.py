@@ -18,9 +18,9 @@ import anndata
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.anndata_io import GeneAlignmentWarning, align_genes, read_counts
 from sedd.checkpoints import LoadedModel
 from sedd.eval.metrics import MIN_GROUP_CELLS, evaluate_counts
+from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts
 
 REFERENCE_CONDITION_KEYS = ("perturbation", "target_gene", "gene", "condition", "bulk_labels")
 

@@ -8,8 +8,8 @@ relative to that file's directory (so a config works from any working directory)
 command line, they are relative to the working directory. Without any, ``data`` is the bundled
 PBMC counts and the run directory (``train_state.pt``, ``metrics.jsonl``) is ``<out>/training``.
 
-``load_training_data`` reads the counts (``sedd.anndata_io.read_counts``), splits train /
-held-out cells by an obs column, and turns counts into tokens (``sedd.cells.counts_to_tokens``):
+``load_training_data`` reads the counts (``sedd.io.read.read_counts``), splits train /
+held-out cells by an obs column, and turns counts into tokens (``sedd.io.tokens.counts_to_tokens``):
 count c is token c for c < num_bins, and token num_bins is the mask. ``model_config`` then
 builds the native ``ModelConfig`` (gene names, label vocabulary, tokens, graph, noise) that
 ``sedd.checkpoints.load_checkpoint`` reads back.
@@ -29,9 +29,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sedd.anndata_io import read_counts
-from sedd.cells import CountClipWarning, counts_to_tokens
-from sedd.config import (
+from sedd.checkpoints.schema import (
     RESERVED_OBS_COLUMNS,
     GraphConfig,
     LabelKind,
@@ -42,8 +40,10 @@ from sedd.config import (
     ST3PerturbationArch,
     TokenConfig,
 )
-from sedd.files import sha256_file
-from sedd.paths import BUNDLED_DATA
+from sedd.defaults import BUNDLED_DATA
+from sedd.io.files import sha256_file
+from sedd.io.read import read_counts
+from sedd.io.tokens import CountClipWarning, counts_to_tokens
 from sedd.precision import PrecisionError, PrecisionPolicy, resolve_precision
 
 __all__ = [

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from sedd.graph import AbsorbingGraph
-from sedd.model import SEDDPerturbationTransformer, SEDDTransformer, check_inputs
-from sedd.noise import Noise
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import Noise
+from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer, check_inputs
 from sedd.precision import PrecisionPolicy
 
 __all__ = [

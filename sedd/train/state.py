@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from sedd.checkpoints import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, save_native
-from sedd.config import ModelConfig
-from sedd.graph import AbsorbingGraph
-from sedd.noise import Noise
+from sedd.checkpoints.schema import ModelConfig
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import Noise
 from sedd.train.config import TrainConfig, check_resumable
 
 __all__ = [

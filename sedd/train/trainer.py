@@ -33,8 +33,8 @@ import torch
 from tqdm import tqdm
 
 from sedd.checkpoints import build_model
-from sedd.graph import AbsorbingGraph
-from sedd.noise import LogLinearNoise
+from sedd.diffusion.graph import AbsorbingGraph
+from sedd.diffusion.noise import LogLinearNoise
 from sedd.train.config import (
     TrainConfig,
     TrainingData,

@@ -24,8 +24,8 @@ import scipy.sparse as sp
 import torch
 from anndata.io import sparse_dataset, write_elem
 
-from sedd.anndata_io import as_counts, require_unique
-from sedd.files import temporary_name
+from sedd.io.files import temporary_name
+from sedd.io.read import as_counts, require_unique
 
 CountDtype = Literal["int", "float32"]
 

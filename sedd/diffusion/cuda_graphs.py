@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sedd.step_rows import StepPlan, StepRows
+from sedd.diffusion.step_rows import StepPlan, StepRows
 
 log = logging.getLogger(__name__)
 

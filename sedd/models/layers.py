@@ -1,6 +1,7 @@
 """Layers the score networks share: input checks, sinusoidal time embeddings and RoPE attention.
 
-``sedd.model`` (st3's transformers) and ``sedd.ddit`` (reference SEDD's DDiT) both build on them.
+``sedd.models.st3`` (st3's transformers) and ``sedd.models.ddit`` (reference SEDD's DDiT) both build
+on them.
 """
 
 from __future__ import annotations

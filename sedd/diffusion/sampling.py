@@ -3,10 +3,10 @@
 A ``Sampler`` holds the model, noise schedule, graph and precision policy; it keeps no per-request
 state, so one instance serves any number of requests. The loop over time (``time_grid``) is the
 batching engine's (``sedd.engine``): every path that samples cells submits jobs to it, and
-``sedd.samplers`` keeps st3's ``EulerSampler(...).sample(...)`` as a thin call into it.
+``sedd.engine.samplers`` keeps st3's ``EulerSampler(...).sample(...)`` as a thin call into it.
 
-Randomness is counter-based (``sedd.randomness``): the uniform that row b draws at gene g is
-Philox of (seed, cell, step, g), so a cell's draws depend on nothing but (seed, cell index), and
+Randomness is counter-based (``sedd.diffusion.randomness``): the uniform that row b draws at gene g
+is Philox of (seed, cell, step, g), so a cell's draws depend on nothing but (seed, cell index), and
 every row of a block gets its numbers in one chain of integer ops.
 
 The reverse step from time t to s < t (per row) at the positions that can still change:
@@ -25,10 +25,10 @@ the first of N uniform steps (st3 draws p_unmask = 1 - exp(-sigma'(t) dt), ~100%
 
 Static shapes, no host syncs. ``Sampler.propose`` computes the transition at every position of a
 fixed row block and keeps the old token where the position cannot change (``torch.where``, not a
-boolean gather), so its shapes depend only on the block, it never reads a value back, and on CUDA
-it can be captured once and replayed (``sedd.cuda_graphs``). What the host must know (rows whose
-output was not finite, positions left to unmask) comes back as one small (B, 2) tensor that the
-caller reads once (``Proposal.summary``); ``Sampler.step`` does that for callers outside the
+boolean gather), so its shapes depend only on the block, it never reads a value back, and on CUDA it
+can be captured once and replayed (``sedd.diffusion.cuda_graphs``). What the host must know (rows
+whose output was not finite, positions left to unmask) comes back as one small (B, 2) tensor that
+the caller reads once (``Proposal.summary``); ``Sampler.step`` does that for callers outside the
 engine and recomputes non-finite rows in fp32 (docs/precision.md rule 5).
 """
 
@@ -40,14 +40,14 @@ from typing import Literal
 import numpy as np
 import torch
 
-from sedd.categorical import sample_categorical, temper
-from sedd.cuda_graphs import GraphedSteps
-from sedd.graph import Graph, one_hot
-from sedd.noise import Noise
+from sedd.diffusion.categorical import sample_categorical, temper
+from sedd.diffusion.cuda_graphs import GraphedSteps
+from sedd.diffusion.graph import Graph, one_hot
+from sedd.diffusion.noise import Noise
+from sedd.diffusion.randomness import Purpose, cell_uniforms
+from sedd.diffusion.schedule import time_grid
+from sedd.diffusion.step_rows import StepPlan, StepRows
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy, ScoreModel, resolve_precision
-from sedd.randomness import Purpose, cell_uniforms
-from sedd.schedule import time_grid
-from sedd.step_rows import StepPlan, StepRows
 
 Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
@@ -64,7 +64,7 @@ __all__ = [
     "block_rows_for",
     "sample_categorical",
     "start_tokens",
-    "time_grid",  # sedd.schedule's, here too: the step maths and the grid it runs on
+    "time_grid",  # sedd.diffusion.schedule's, here too: the step maths and the grid it runs on
 ]
 
 
@@ -132,7 +132,7 @@ def start_tokens(
 
 
 class Sampler:
-    """The reverse step over a score model (see ``sedd.model`` for the protocol).
+    """The reverse step over a score model (see ``sedd.models.st3`` for the protocol).
 
     ``predictor`` is the default Euler or analytic (Tweedie) step of rows that do not choose
     (``StepRows.analytic`` chooses per row). ``use_amp``/``amp_dtype`` follow st3's constructor;

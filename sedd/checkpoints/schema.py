@@ -47,7 +47,7 @@ class _Strict(BaseModel):
 
 
 class ST3Arch(_Strict):
-    """Constructor arguments of ``sedd.model.SEDDTransformer``."""
+    """Constructor arguments of ``sedd.models.st3.SEDDTransformer``."""
 
     num_genes: int = Field(ge=1)
     num_bins: int = Field(ge=1)
@@ -60,7 +60,7 @@ class ST3Arch(_Strict):
 
 
 class ST3PerturbationArch(_Strict):
-    """Constructor arguments of ``sedd.model.SEDDPerturbationTransformer``."""
+    """Constructor arguments of ``sedd.models.st3.SEDDPerturbationTransformer``."""
 
     num_genes: int = Field(ge=1)
     num_bins: int = Field(ge=1)
@@ -75,7 +75,7 @@ class ST3PerturbationArch(_Strict):
 
 
 class DDiTArch(_Strict):
-    """Constructor arguments of ``sedd.ddit.DDiT`` (reference SEDD)."""
+    """Constructor arguments of ``sedd.models.ddit.DDiT`` (reference SEDD)."""
 
     vocab_size: int = Field(ge=2)
     hidden_size: int = Field(ge=1)
@@ -89,7 +89,7 @@ class DDiTArch(_Strict):
 
 
 class GraphConfig(_Strict):
-    """``sedd.graph.graph_from_config`` input; ``dim`` counts every class, mask included."""
+    """``graph_from_config`` input (``sedd.diffusion.graph``); ``dim`` counts the mask too."""
 
     type: Literal["absorb", "uniform"]
     dim: int = Field(ge=2)

@@ -1,8 +1,8 @@
 """Drawing one category per position: the fp64 inverse-CDF draw, and temperature.
 
-The sampler (``sedd.sampling``) turns a step into unnormalised transition probabilities; this is
-how a category is drawn from them (docs/precision.md rule 4: the CDF is accumulated in fp64 and
-the uniforms are fp64, so rare categories keep their rate).
+The sampler (``sedd.diffusion.sampling``) turns a step into unnormalised transition probabilities;
+this is how a category is drawn from them (docs/precision.md rule 4: the CDF is accumulated in fp64
+and the uniforms are fp64, so rare categories keep their rate).
 """
 
 from __future__ import annotations

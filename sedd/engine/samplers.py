@@ -3,7 +3,8 @@
 ``EulerSampler(model, noise, graph, use_amp, amp_dtype).sample(...)`` keeps st3's constructor and
 a readable ``sample`` for notebooks and tests. It has no loop of its own: it submits one job to a
 one-off ``Engine`` over this sampler and ticks it to the end, so it walks exactly the time grid,
-start tokens and steps the server and the CLI walk. The step maths is ``sedd.sampling.Sampler``.
+start tokens and steps the server and the CLI walk. The step maths is
+``sedd.diffusion.sampling.Sampler``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Callable
 import torch
 
 from sedd.defaults import TimeGrid
+from sedd.diffusion.sampling import Predictor, Sampler
 from sedd.engine import Engine, EngineJob, JobLimits, JobProgress
 from sedd.engine.offline import run_job
-from sedd.sampling import Predictor, Sampler
 
 
 class EngineSampler(Sampler):
@@ -43,9 +44,9 @@ class EngineSampler(Sampler):
 
         Cell i draws from its own stream (seed, first_cell + i), whatever else runs with it.
         Imputation: ``x_init`` (N, G) holds given tokens (the mask elsewhere) and ``fixed`` marks
-        them; they never change. Time runs over ``sedd.sampling.time_grid(steps, eps, time_grid)``;
-        with
-        ``denoise`` a last step goes to 0. ``on_step`` sees each step's ``JobProgress``.
+        them; they never change. Time runs over
+        ``sedd.diffusion.sampling.time_grid(steps, eps, time_grid)``; with ``denoise`` a last step
+        goes to 0. ``on_step`` sees each step's ``JobProgress``.
         Returns (N, G) tokens on the sampler's device.
         """
         if num_cells is None:

@@ -216,7 +216,7 @@ def _validated_values(values: np.ndarray, locate: Locator, genes: list[str]) -> 
             raise ValueError(
                 f"counts must be integers; found {int(fractional.sum())} non-integer value(s), "
                 f"e.g. {values[k]} at {_where(locate, genes, k)}. Log-normalised data must be "
-                "turned back into counts first (sedd.anndata_io.read_counts, recover='pbmc')."
+                "turned back into counts first (sedd.io.read.read_counts, recover='pbmc')."
             )
     return values.astype(np.int64)
 

@@ -1,7 +1,7 @@
 """Score networks: the protocol every model meets, and st3's single-cell transformers.
 
 Network definitions only: no sampling, no checkpoint files, no autocast decisions (those live in
-``sedd.sampling``, ``sedd.checkpoints`` and ``sedd.precision``).
+``sedd.diffusion.sampling``, ``sedd.checkpoints`` and ``sedd.precision``).
 
 Score-model protocol
 --------------------
@@ -28,8 +28,9 @@ Models
 ------
 * ``SEDDTransformer`` / ``SEDDPerturbationTransformer`` (here): st3's x0 networks, with st3's
   exact state-dict layout (vocab = num_bins + 1, mask index = num_bins).
-* ``sedd.ddit.DDiT``: reference SEDD's diffusion transformer, score parametrisation. It shares
-  ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention`` (``sedd.layers``).
+* ``sedd.models.ddit.DDiT``: reference SEDD's diffusion transformer, score parametrisation. It
+  shares ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention``
+  (``sedd.models.layers``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sedd.layers import (
+from sedd.models.layers import (
     RotaryEmbedding,
     SinusoidalEmbedding,
     check_inputs,

@@ -1,4 +1,4 @@
-"""AnnData in: integer counts in the model's gene order (the way out is ``sedd.anndata_out``).
+"""AnnData in: integer counts in the model's gene order (the way out is ``sedd.io.write``).
 
 - ``read_counts``: an AnnData whose ``.X`` is integer counts, from ``.X``, a layer, or recovered
   from log-normalised ``.raw.X`` (scanpy's pbmc68k_reduced layout).

@@ -1,6 +1,6 @@
 """Reference SEDD's DDiT (louaaron/Score-Entropy-Discrete-Diffusion, ``model/transformer.py``).
 
-A score-parametrised network (see the protocol in ``sedd.model``): ``forward`` returns the log
+A score-parametrised network (see the protocol in ``sedd.models.st3``): ``forward`` returns the log
 concrete score with the reference's exact state-dict layout (``vocab_embed.embedding``,
 ``sigma_map.mlp.{0,2}``, ``rotary_emb.inv_freq``, ``blocks.i.*``, ``output_layer.*``).
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sedd.layers import RotaryEmbedding, check_inputs, rope_attention, sinusoidal_embedding
+from sedd.models.layers import RotaryEmbedding, check_inputs, rope_attention, sinusoidal_embedding
 from sedd.precision import fp32_region
 
 __all__ = ["DDiT"]
