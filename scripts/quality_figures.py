@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL
@@ -35,6 +34,7 @@ from sedd.eval.metrics import (
 )
 from sedd.eval.quality import HeldOut
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 
 HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pearson")
 

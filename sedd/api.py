@@ -24,15 +24,16 @@ from typing import Any
 import anndata
 import torch
 
-from sedd.batch.conditions import known_perturbations, perturbation_conditions
-from sedd.batch.impute import imputation_from_anndata
-from sedd.batch.requests import GenerationRequest, Imputation, cell_plan
-from sedd.batch.run import generate, progress_bar, run_provenance
+from sedd.batch.run import generate, progress_bar
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
+from sedd.request.conditions import perturbation_conditions
+from sedd.request.imputation import imputation_from_anndata
+from sedd.request.plan import GenerationRequest, Imputation, cell_plan
+from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
 
@@ -116,7 +117,7 @@ class Model:
     @property
     def conditions(self) -> list[str]:
         """The perturbation (condition) names the model is conditioned on; [] if unconditional."""
-        return known_perturbations(self.loaded) if self.loaded.config.num_perturbations else []
+        return self.loaded.conditions
 
     @property
     def control(self) -> str | None:
@@ -162,7 +163,7 @@ class Model:
         --seed S`` and the server's ``/generate`` for the same parameters.
         """
         names = [condition] if isinstance(condition, str) else condition
-        if names is None and self.loaded.config.num_perturbations:
+        if names is None and self.loaded.conditional:
             names = self.conditions
         sampling = _Sampling(
             *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
@@ -248,7 +249,7 @@ class Model:
         return out
 
     def _one_condition(self, condition: str | None) -> tuple[str, ...] | None:
-        if not self.loaded.config.num_perturbations:
+        if not self.loaded.conditional:
             if condition is not None:
                 raise ValueError(
                     f"`condition` must be None: this model is unconditional, got {condition!r}."

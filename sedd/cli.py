@@ -13,6 +13,7 @@ import difflib
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
@@ -116,11 +117,22 @@ def _fault(exc: BaseException) -> tuple[int, str] | None:
             return None
 
 
+def _print_warning(message: Warning | str, *_: object, **__: object) -> None:
+    """The library's warnings are advice to the user: one plain line each, as they happen
+    (written above a progress bar, if one is drawing)."""
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     debug = args.debug or os.environ.get("SEDD_DEBUG", "") not in ("", "0")
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", UserWarning)  # each distinct warning once a run
+            warnings.showwarning = _print_warning
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"sedd {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

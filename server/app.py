@@ -91,7 +91,7 @@ def startup_line(service: Service) -> str:
     """One line: what is served, where, and under which limits."""
     loaded, settings = service.loaded, service.settings
     config = loaded.config
-    labels = len(config.perturbations or ()) or "no"
+    labels = len(loaded.conditions) or "no"
     return (
         f"serving {loaded.path} ({config.architecture}, {config.num_genes} genes, {labels} "
         f"labels) on {loaded.device}, precision {service.precision.name}; limits: "

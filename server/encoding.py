@@ -14,10 +14,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sedd.batch.run import model_provenance
 from sedd.engine import JobResult
 from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import provenance_uns, write_cells_h5ad
+from sedd.request.provenance import model_provenance
 from server.planning import PlannedJob, finite_or_zero
 from server.schemas import (
     CellLabels,

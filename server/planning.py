@@ -1,6 +1,6 @@
 """Requests -> engine jobs ("decode"): check the server's limits, resolve names, build tokens.
 
-Each body becomes the library's one request type (``sedd.batch.requests.GenerationRequest``) and
+Each body becomes the library's one request type (``sedd.request.plan.GenerationRequest``) and
 its one job builder (``job_for``): cell i of a request draws from the stream (seed, i), so a
 request's cells equal those of the Python API and ``sedd generate`` for the same parameters.
 Name errors become ``FieldError`` naming the field.
@@ -17,18 +17,18 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from sedd.batch.conditions import perturbation_conditions
-from sedd.batch.requests import (
+from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.defaults import resolve_schedule
+from sedd.engine import EngineJob
+from sedd.io.tokens import CountClipWarning, CountRangeError
+from sedd.request.conditions import perturbation_conditions
+from sedd.request.plan import (
     GenerationRequest,
     Imputation,
     cell_plan,
     imputation_from_counts,
     job_for,
 )
-from sedd.checkpoints import LoadedModel, UnknownLabelError
-from sedd.defaults import resolve_schedule
-from sedd.engine import EngineJob
-from sedd.io.tokens import CountClipWarning, CountRangeError
 from server.config import Settings
 from server.errors import FieldError
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions
@@ -103,7 +103,7 @@ def _plan(
 def _condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
     """The single condition of /generate and /impute: the control when none is given."""
     cfg = loaded.config
-    if cfg.perturbations is None:
+    if not loaded.conditional:
         if given is not None:
             raise FieldError(
                 ["body", "condition"],
@@ -165,7 +165,7 @@ def plan_generate(loaded: LoadedModel, settings: Settings, body: GenerateRequest
 def plan_predict(loaded: LoadedModel, settings: Settings, body: PredictRequest) -> PlannedJob:
     body = _with_default_steps(body, settings)
     cfg = loaded.config
-    if cfg.perturbations is None:
+    if not loaded.conditional:
         raise FieldError(
             ["body", "perturbations"],
             "this model is unconditional: it has no perturbations to predict; use /generate",

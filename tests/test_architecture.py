@@ -282,3 +282,17 @@ def test_sedd_holds_role_packages_and_five_modules() -> None:
     assert top == ["__init__.py", "api.py", "cli.py", "defaults.py", "precision.py"]
     packages = {p.name for p in (ROOT / "sedd").iterdir() if (p / "__init__.py").exists()}
     assert {"models", "diffusion", "io", "engine", "checkpoints", "batch"} <= packages
+
+
+def test_server_builds_requests_from_sedd_request_never_sedd_batch() -> None:
+    graph = _product_graph()
+    reached = {
+        (module, target)
+        for module in graph.files
+        if _is_within(module, "server")
+        for target in graph.edges(module)
+        if _is_within(target, "sedd.batch")
+    }
+    assert reached == set(), reached
+    requests = {t for m in graph.files if _is_within(m, "server") for t in graph.edges(m)}
+    assert "sedd.request.plan" in requests

@@ -18,9 +18,9 @@ from devices import DEVICE, ON_CUDA
 from server_client import make_settings, served
 
 import sedd
-from sedd.batch.requests import GenerationRequest, cell_plan, job_for
 from sedd.checkpoints import DEFAULT_MODEL
 from sedd.engine import Engine, run_job
+from sedd.request.plan import GenerationRequest, cell_plan, job_for
 
 pytestmark = pytest.mark.anyio
 

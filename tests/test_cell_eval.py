@@ -15,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import DEFAULT_MODEL
 from sedd.io.read import read_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 
 pytest.importorskip("cell_eval")
 pytestmark = pytest.mark.celleval

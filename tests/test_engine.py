@@ -11,7 +11,6 @@ import torch
 from devices import DEVICE
 from torch import nn
 
-from sedd.batch.requests import GenerationRequest, cell_plan, job_for
 from sedd.batch.run import generate
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.checkpoints.schema import ModelConfig
@@ -34,6 +33,7 @@ from sedd.engine.samplers import AnalyticSampler, EulerSampler
 from sedd.io.tokens import tokens_to_counts
 from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
+from sedd.request.plan import GenerationRequest, cell_plan, job_for
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)

@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 import torch
 
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 from sedd.train.config import TrainConfig
 from sedd.train.trainer import Trainer
 

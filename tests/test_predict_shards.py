@@ -14,13 +14,13 @@ import scipy.sparse as sp
 
 from sedd.batch.manifest import ShardOutputError
 from sedd.batch.merge import MergeError, merge_shards
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
 from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 
 ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]

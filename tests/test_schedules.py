@@ -15,11 +15,11 @@ from server_client import make_settings, served
 from server_models import save_tiny_model
 
 import sedd
-from sedd.batch.requests import GenerationRequest
 from sedd.cli import main as sedd_main
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
 from sedd.diffusion.sampling import time_grid
 from sedd.models.st3 import _ST3Base
+from sedd.request.plan import GenerationRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -18,12 +18,12 @@ from devices import DEVICE
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.engine.monitor import MonitorSnapshot
 from sedd.engine.samplers import EulerSampler
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio

@@ -15,11 +15,11 @@ import pytest
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.run import generate
 from sedd.checkpoints import load_checkpoint
 from sedd.cli import main
 from sedd.precision import resolve_precision
+from sedd.request.plan import GenerationRequest
 from server.app import create_app
 
 pytestmark = pytest.mark.anyio

@@ -1,7 +1,7 @@
 """Run a request offline: its cells, batch by batch, through an in-process engine.
 
 ``generate`` is what the Python API, ``sedd generate/predict/impute``, shard jobs and the
-st3-compatible scripts call. It builds the request's jobs (``sedd.batch.requests``), one per
+st3-compatible scripts call. It builds the request's jobs (``sedd.request.plan``), one per
 ``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until each is done;
 ``on_batch`` sees each finished batch before the next one ends. A ``sedd.engine.monitor.Monitor``
 (the engine's observer) counts its forwards and finished cells; its snapshot becomes the result's
@@ -11,24 +11,22 @@ st3-compatible scripts call. It builds the request's jobs (``sedd.batch.requests
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sedd.batch.requests import GenerationRequest, cell_plan, jobs_for
 from sedd.checkpoints import LoadedModel
 from sedd.diffusion.sampling import block_rows_for
 from sedd.engine import Engine, EngineJob, JobResult, run_jobs
 from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
-from sedd.io.write import provenance_uns
 from sedd.precision import PrecisionPolicy
+from sedd.request.plan import GenerationRequest, cell_plan, jobs_for
 
 
 @dataclass
@@ -141,40 +139,6 @@ def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, objec
         stats["gpu_utilization_pct"] = snapshot.gpu_utilization_pct
         stats["gpu_memory_used_mib"] = snapshot.gpu_memory_used_mib
     return stats
-
-
-def run_provenance(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    precision: PrecisionPolicy,
-    stats: Mapping[str, Any],
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad)."""
-    return provenance_uns(
-        sampler=request.sampler,
-        steps=request.steps,
-        seed=request.seed,
-        temperature=request.temperature,
-        precision_record=precision.record(int(stats.get("fp32_fallbacks") or 0)),
-        checkpoint_hash=loaded.file_hash,
-        timings=stats,
-        extra={
-            "model": str(loaded.path),
-            "request": request.record(),
-            **model_provenance(loaded),
-            **(extra or {}),
-        },
-    )
-
-
-def model_provenance(loaded: LoadedModel) -> dict[str, Any]:
-    """What every output records about the model's names: whether its genes are positions, and
-    the obs column its labels were trained from."""
-    return {
-        "genes_by_position": loaded.config.genes_by_position,
-        "label_key": loaded.config.label_key,
-    }
 
 
 @contextmanager

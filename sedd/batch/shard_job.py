@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +31,15 @@ from sedd.batch.manifest import (
     request_record,
     shard_entry,
 )
-from sedd.batch.requests import GenerationRequest, cell_plan
-from sedd.batch.run import generate, run_provenance
+from sedd.batch.run import generate
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine import JobProgress
 from sedd.io.files import sha256_file, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy
+from sedd.request.plan import GenerationRequest, cell_plan
+from sedd.request.provenance import run_provenance
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
 # ``generate`` stats that describe the moment a run ended, not a sum over runs
@@ -269,5 +270,9 @@ def _load_parts(job: ShardJob) -> None:
         job.parts[start] = stop - start
 
 
+class ShardRepairWarning(UserWarning):
+    """A shard's files were found damaged or stale and are being regenerated or dropped."""
+
+
 def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
+    warnings.warn(message, ShardRepairWarning, stacklevel=3)

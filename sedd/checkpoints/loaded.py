@@ -65,6 +65,22 @@ class LoadedModel:
     weights_file: Path | None = None
 
     @property
+    def conditional(self) -> bool:
+        """Whether the model is conditioned on perturbations (by index or by vector): the one
+        rule every front door asks."""
+        return self.config.num_perturbations > 0
+
+    @property
+    def conditions(self) -> list[str]:
+        """The condition names it takes: its label list, else its vector file's names ([] for an
+        unconditional model, or one whose names were not given)."""
+        if not self.conditional:
+            return []
+        if self.config.perturbations is not None:
+            return list(self.config.perturbations)
+        return list(self.perturbation_vectors or {})
+
+    @property
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

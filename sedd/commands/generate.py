@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_from_args(args)
     conditions = args.conditions
-    if conditions is None and loaded.config.perturbations is not None:
-        conditions = list(loaded.config.perturbations)
+    if conditions is None and loaded.conditional:
+        conditions = loaded.conditions
     request = request_from_args(args, cells_per_condition=args.cells, conditions=conditions)
     run_request(loaded, request, args)
     return 0

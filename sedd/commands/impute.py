@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 from pathlib import Path
 
 from sedd.commands.args import add_model_arguments, add_sampling_arguments
@@ -35,26 +33,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sedd.api import Model
     from sedd.commands.loading import load_from_args
-    from sedd.commands.output import finish, resolve_precision_noting
+    from sedd.commands.output import finish
     from sedd.io.files import check_writable
     from sedd.io.write import write_h5ad_atomic
+    from sedd.precision import resolve_precision
 
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
     check_writable(args.out)  # before the work, not after it
     loaded = load_from_args(args)
-    model = Model(loaded, resolve_precision_noting(args.precision, loaded.device))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        steps = {"steps": args.steps, "time_grid": args.time_grid}
-        adata = model.impute(
-            data, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
-            sampler=args.sampler, temperature=args.temperature, seed=args.seed,
-            batch_size=args.batch_size, clip=args.clip, progress=True, **steps,
-        )  # fmt: skip
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
+    model = Model(loaded, resolve_precision(args.precision, loaded.device))
+    steps = {"steps": args.steps, "time_grid": args.time_grid}
+    adata = model.impute(
+        data, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
+        sampler=args.sampler, temperature=args.temperature, seed=args.seed,
+        batch_size=args.batch_size, clip=args.clip, progress=True, **steps,
+    )  # fmt: skip
     write_h5ad_atomic(adata, args.out)
     stats = dict(adata.uns["sedd"]["timings"])
     finish(args.out, stats, model.policy, num_genes=adata.n_vars)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -22,21 +20,16 @@ def resolve_device(device: str | None) -> str:
 
 def load_source(args: argparse.Namespace, source: str | Path) -> LoadedModel:
     """Load ``source`` as the ``add_source_options`` options in ``args`` say."""
-    # Loader warnings (unnamed genes, ...) are advice to the user: print them plainly.
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        loaded = load_checkpoint(
-            source,
-            checkpoint=args.checkpoint,
-            use_ema=not args.raw_weights,
-            genes=args.genes,
-            perturbations=args.perturbation_map,
-            vectors=args.vectors,
-            device=resolve_device(getattr(args, "device", None)),
-        )
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    return loaded
+    # loader warnings (unnamed genes, ...) reach the user through sedd.cli's one printer
+    return load_checkpoint(
+        source,
+        checkpoint=args.checkpoint,
+        use_ema=not args.raw_weights,
+        genes=args.genes,
+        perturbations=args.perturbation_map,
+        vectors=args.vectors,
+        device=resolve_device(getattr(args, "device", None)),
+    )
 
 
 def load_from_args(args: argparse.Namespace, default: Path = DEFAULT_MODEL) -> LoadedModel:

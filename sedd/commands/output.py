@@ -6,16 +6,11 @@ directory), the final summary line and the JSON metrics file.
 from __future__ import annotations
 
 import argparse
-import sys
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
-from sedd.batch.requests import GenerationRequest, cell_plan
-from sedd.batch.run import generate, progress_bar, run_provenance
+from sedd.batch.run import generate, progress_bar
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
@@ -23,6 +18,8 @@ from sedd.defaults import resolve_schedule
 from sedd.io.files import check_writable, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
+from sedd.request.plan import GenerationRequest, cell_plan
+from sedd.request.provenance import run_provenance
 
 CountsDtype = Literal["int", "float32"]
 
@@ -74,7 +71,7 @@ def write_one_file(
 ) -> dict[str, Any]:
     """Generate with a progress bar, write the h5ad and ``<out>.metrics.json``, print a summary."""
     request.validate()
-    precision = resolve_precision_noting(precision_name, loaded.device)
+    precision = resolve_precision(precision_name, loaded.device)
     num_cells = len(cell_plan(loaded, request))
     writer = CellWriter(check_writable(out), loaded.config.genes, count_dtype=counts_dtype)
     with writer, progress_bar(num_cells, request.steps, "sampling") as on_progress:
@@ -94,7 +91,7 @@ def run_shard(
     shard: Shard,
 ) -> dict[str, Any]:
     """Run (or resume, or skip) one shard into ``out_dir``; print its summary."""
-    precision = resolve_precision_noting(precision_name, loaded.device)
+    precision = resolve_precision(precision_name, loaded.device)
     job = prepare_shard(loaded, request, precision, out_dir, shard)
     label = f"shard {shard.index}/{shard.count}"
     if job.done_entry is not None:
@@ -112,16 +109,6 @@ def run_shard(
         metrics_path=job.paths.entry,
     )
     return entry
-
-
-def resolve_precision_noting(name: str, device: torch.device) -> PrecisionPolicy:
-    """``resolve_precision``, its advice (e.g. emulated bf16 on this CPU) printed plainly."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        precision = resolve_precision(name, device)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    return precision
 
 
 def finish(

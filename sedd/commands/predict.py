@@ -43,9 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import request_from_args, run_request
+    from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 
     names = args.perturbations
     if args.perturbations_file is not None:

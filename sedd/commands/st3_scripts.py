@@ -22,8 +22,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sedd.batch.conditions import perturbation_conditions, read_perturbation_file
-from sedd.batch.requests import GenerationRequest
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_shard_arguments
@@ -34,6 +32,8 @@ from sedd.commands.output import (
     write_one_file,
 )
 from sedd.io.files import write_json_atomic
+from sedd.request.conditions import perturbation_conditions, read_perturbation_file
+from sedd.request.plan import GenerationRequest
 
 
 def _common_parser(description: str) -> argparse.ArgumentParser:
@@ -188,7 +188,7 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     if args.perturbations_file:
         names = read_perturbation_file(args.perturbations_file)
     else:  # the reference's labels the model knows
-        known = set(loaded.config.perturbations or [])
+        known = set(loaded.conditions)
         names = [name for name in reference.labels if name in known]
         if not names:
             raise ValueError(

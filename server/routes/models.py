@@ -23,7 +23,7 @@ async def models(service: ServiceDep) -> ModelList:
         num_genes=cfg.num_genes,
         genes=list(cfg.genes),
         max_count=cfg.tokens.max_count,
-        perturbations=cfg.perturbations,
+        perturbations=loaded.conditions or None,
         control_label=cfg.control_label,
         cell_types=cfg.cell_types,
         checkpoint_sha256=loaded.file_hash,

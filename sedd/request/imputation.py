@@ -12,9 +12,9 @@ from pathlib import Path
 
 import anndata
 
-from sedd.batch.requests import Imputation, imputation_from_counts
 from sedd.checkpoints import LoadedModel
 from sedd.io.read import read_counts, require_unique
+from sedd.request.plan import Imputation, imputation_from_counts
 
 
 @dataclass(frozen=True)

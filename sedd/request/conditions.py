@@ -11,13 +11,6 @@ from pathlib import Path
 from sedd.checkpoints import LoadedModel
 
 
-def known_perturbations(loaded: LoadedModel) -> list[str]:
-    """The perturbation names a model takes: its label list, or its vector file's names."""
-    if loaded.config.perturbations is not None:
-        return list(loaded.config.perturbations)
-    return list(loaded.perturbation_vectors or {})
-
-
 def read_perturbation_file(path: str | Path) -> list[str]:
     """Names one a line (st3's ``--perturbations_file``); blank lines and ``#`` comments skipped."""
     path = Path(path)
@@ -46,8 +39,8 @@ def perturbation_conditions(
     ``control_label``; with ``include_control`` it is added when missing, without it removed.
     Duplicates are dropped (first one kept). Unknown names raise ``UnknownLabelError``.
     """
-    known = known_perturbations(loaded)
-    if not loaded.config.num_perturbations:
+    known = loaded.conditions
+    if not loaded.conditional:
         raise ValueError(f"{loaded.path} is an unconditional model; use `sedd generate`.")
     if not known:
         raise ValueError(

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sedd.batch.conditions import known_perturbations
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid
 from sedd.diffusion.sampling import Predictor
@@ -153,8 +152,7 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     ``condition_idx``, ``sample_idx`` (the cell's number within its condition), ``cell_type``
     (when one is given), ``seed`` and ``cell_index``: the cell draws from stream (seed, cell_index).
     """
-    known = known_perturbations(loaded)
-    conditional = loaded.config.num_perturbations > 0
+    known, conditional = loaded.conditions, loaded.conditional
     if conditional and not request.conditions:
         raise ValueError(
             f"this model is conditioned on perturbations: pass `conditions` (known: "

@@ -1,0 +1,45 @@
+"""What every output records about its request and model (API, CLI file, shard, server h5ad)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sedd.checkpoints import LoadedModel
+from sedd.io.write import provenance_uns
+from sedd.precision import PrecisionPolicy
+from sedd.request.plan import GenerationRequest
+
+
+def run_provenance(
+    loaded: LoadedModel,
+    request: GenerationRequest,
+    precision: PrecisionPolicy,
+    stats: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad)."""
+    return provenance_uns(
+        sampler=request.sampler,
+        steps=request.steps,
+        seed=request.seed,
+        temperature=request.temperature,
+        precision_record=precision.record(int(stats.get("fp32_fallbacks") or 0)),
+        checkpoint_hash=loaded.file_hash,
+        timings=stats,
+        extra={
+            "model": str(loaded.path),
+            "request": request.record(),
+            **model_provenance(loaded),
+            **(extra or {}),
+        },
+    )
+
+
+def model_provenance(loaded: LoadedModel) -> dict[str, Any]:
+    """What every output records about the model's names: whether its genes are positions, and
+    the obs column its labels were trained from."""
+    return {
+        "genes_by_position": loaded.config.genes_by_position,
+        "label_key": loaded.config.label_key,
+    }
