@@ -26,7 +26,7 @@ import torch
 
 from sedd.batch.run import generate, progress_bar
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
-from sedd.defaults import TimeGrid, resolve_schedule
+from sedd.defaults import TimeGrid, default_device, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
@@ -66,7 +66,7 @@ def load(
     ``SEDD_CUDA_GRAPHS``, else off); it never changes a cell.
     """
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = default_device()
     loaded = load_checkpoint(
         DEFAULT_MODEL if path is None else path,
         checkpoint=checkpoint,

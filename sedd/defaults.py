@@ -22,6 +22,14 @@ DEFAULT_GRID: TimeGrid = "uniform"
 STEPS_ONLY_GRID: TimeGrid = "uniform"
 
 
+def default_device() -> str:
+    """ "cuda" when torch sees a GPU, else "cpu": the device every front door uses when none is
+    given (torch is imported here, on first use, so the CLI's parsers stay light)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_schedule(steps: int | None, grid: str | None) -> tuple[int, str]:
     """(steps, grid) of a request that may leave either out: neither gives the tuned default;
     steps alone gives that many uniform steps (st3's schedule); a grid alone, the default

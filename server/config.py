@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sedd.defaults import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL, default_device
 
 __all__ = ["Settings"]
 
@@ -59,6 +59,5 @@ class Settings(BaseSettings):
         """``auto`` -> ``cuda`` when available, else ``cpu``."""
         if self.device != "auto":
             return self.device
-        import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return default_device()

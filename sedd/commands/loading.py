@@ -5,16 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
 from sedd.checkpoints import CheckpointNotFoundError, LoadedModel, load_checkpoint
-from sedd.defaults import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL, default_device
 
 
 def resolve_device(device: str | None) -> str:
     """``None`` -> ``cuda`` when available, else ``cpu``."""
     if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return default_device()
     return device
 
 

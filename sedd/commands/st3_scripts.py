@@ -31,6 +31,7 @@ from sedd.commands.output import (
     run_shard,
     write_one_file,
 )
+from sedd.defaults import default_device
 from sedd.io.files import write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest
@@ -65,14 +66,13 @@ def _add_conditional_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace, genes: str | None = None) -> LoadedModel:
-    import torch
 
     args.model = args.experiment_dir
     args.raw_weights = False
     args.genes = genes if genes is not None else args.genes
     args.perturbation_map = getattr(args, "perturbations_all_file", None)
     args.vectors = getattr(args, "cond_labels_pt_path", None)
-    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = args.device or default_device()
     return load_from_args(args)
 
 

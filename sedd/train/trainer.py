@@ -33,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from sedd.checkpoints import build_model
+from sedd.defaults import default_device
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.train.config import (
@@ -132,9 +133,7 @@ class Trainer:
         data: TrainingData | None = None,
     ) -> None:
         self.config, self.command, self.progress = config, command, progress
-        self.device = torch.device(
-            config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        )
+        self.device = torch.device(config.device or default_device())
         self.policy = training_precision(config.amp, self.device)
         self.data = data or load_training_data(config)
         self.model_config = model_config(config, self.data)
