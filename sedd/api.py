@@ -14,10 +14,8 @@ random stream (seed, i).
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,13 @@ import torch
 
 from sedd.batch.run import generate, progress_bar
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
-from sedd.defaults import TimeGrid, default_device, resolve_schedule
+from sedd.defaults import TimeGrid, default_device
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import perturbation_conditions
 from sedd.request.imputation import imputation_from_anndata
-from sedd.request.plan import GenerationRequest, Imputation, cell_plan
+from sedd.request.plan import GenerationRequest, Imputation, SamplingOptions, cell_plan
 from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
@@ -152,11 +150,14 @@ class Model:
         seed: int = 0,
         batch_size: int = 64,
         progress: bool = False,
+        sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """``num_cells`` cells per condition.
 
         ``steps`` and ``time_grid`` left out give the library's default schedule; ``steps``
-        alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``.
+        alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``. A
+        ``sampling`` value (``SamplingOptions.resolve(...)``), when given, replaces ``steps``,
+        ``time_grid``, ``sampler``, ``temperature``, ``seed`` and ``batch_size``.
 
         ``condition``: a name or a list of names (conditional models only); ``None`` means every
         condition the model knows. Same cells as ``sedd generate --conditions ... --cells N
@@ -165,9 +166,10 @@ class Model:
         names = [condition] if isinstance(condition, str) else condition
         if names is None and self.loaded.conditional:
             names = self.conditions
-        sampling = _Sampling(
-            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
-        )
+        sampling = sampling or SamplingOptions.resolve(
+            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
+            batch_size=batch_size,
+        )  # fmt: skip
         return self._run(self._request(num_cells, names, cell_type, sampling), progress)
 
     def predict(
@@ -185,6 +187,7 @@ class Model:
         seed: int = 0,
         batch_size: int = 64,
         progress: bool = False,
+        sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """Cells under each perturbation, plus as many control cells (first) unless
         ``include_control=False``. ``perturbations=None``: every one the model knows. Same
@@ -193,9 +196,10 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        sampling = _Sampling(
-            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
-        )
+        sampling = sampling or SamplingOptions.resolve(
+            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
+            batch_size=batch_size,
+        )  # fmt: skip
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress)
 
@@ -214,6 +218,7 @@ class Model:
         batch_size: int = 64,
         clip: bool = False,
         progress: bool = False,
+        sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """Sample the genes ``adata`` does not observe, keeping the counts it does.
 
@@ -232,9 +237,10 @@ class Model:
                 UserWarning,
                 stacklevel=2,
             )
-        sampling = _Sampling(
-            *resolve_schedule(steps, time_grid), sampler, temperature, seed, batch_size
-        )
+        sampling = sampling or SamplingOptions.resolve(
+            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
+            batch_size=batch_size,
+        )  # fmt: skip
         conditions = self._one_condition(condition)
         request = self._request(
             given.imputation.num_cells, conditions, cell_type, sampling, given.imputation
@@ -267,19 +273,15 @@ class Model:
         cells_per_condition: int,
         conditions: Sequence[str] | None,
         cell_type: str | None,
-        sampling: _Sampling,
+        sampling: SamplingOptions,
         imputation: Imputation | None = None,
     ) -> GenerationRequest:
         """The library's one request type, with this model's forward block."""
-        return GenerationRequest(
-            cells_per_condition=cells_per_condition,
-            conditions=tuple(conditions) if conditions else None,
-            cell_type=cell_type,
-            **dataclasses.asdict(sampling),
-            tokens_per_forward=self.tokens_per_forward,
-            cuda_graphs=self.cuda_graphs,
+        return GenerationRequest.of(
+            cells_per_condition, conditions, cell_type, sampling,
+            tokens_per_forward=self.tokens_per_forward, cuda_graphs=self.cuda_graphs,
             imputation=imputation,
-        )
+        )  # fmt: skip
 
     def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
         request.validate()
@@ -291,18 +293,6 @@ class Model:
                 result = generate(self.loaded, request, self.policy, on_progress=on_progress)
         uns = run_provenance(self.loaded, request, self.policy, result.stats)
         return cells_anndata(result.counts, result.genes, result.obs, uns)
-
-
-@dataclass(frozen=True)
-class _Sampling:
-    """The sampling settings every ``Model`` method takes."""
-
-    steps: int
-    grid: str
-    sampler: Predictor
-    temperature: float
-    seed: int
-    batch_size: int
 
 
 def _observed(imputation: Imputation, genes: list[str]) -> list[bool]:

@@ -127,16 +127,8 @@ def _generation_request(
     cell_type: str | None,
     imputation: Imputation | None = None,
 ) -> GenerationRequest:
-    return GenerationRequest(
-        cells_per_condition=cells_per_condition,
-        conditions=conditions,
-        cell_type=cell_type,
-        steps=options.steps,
-        grid=options.time_grid,
-        sampler=options.sampler,
-        temperature=options.temperature,
-        seed=options.seed,
-        imputation=imputation,
+    return GenerationRequest.of(
+        cells_per_condition, conditions, cell_type, options.to_sampling(), imputation=imputation
     )
 
 

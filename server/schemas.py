@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from sedd.checkpoints.schema import ModelConfig
 from sedd.defaults import TimeGrid
 from sedd.diffusion.sampling import Predictor
+from sedd.request.plan import SamplingOptions as Sampling
 from server.config import Settings
 
 SamplerName = Predictor  # the library's one definition
@@ -63,6 +64,13 @@ class SamplingOptions(_Request):
         allow_inf_nan=False,
         description="deadline for this request; at most the server's request_timeout_s",
     )
+
+    def to_sampling(self) -> Sampling:
+        """The library's sampling options for this body (its schedule resolved)."""
+        return Sampling.resolve(
+            self.steps, self.time_grid, sampler=self.sampler, temperature=self.temperature,
+            seed=self.seed,
+        )  # fmt: skip
 
 
 class GenerateRequest(SamplingOptions):

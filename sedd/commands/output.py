@@ -14,11 +14,10 @@ from sedd.batch.run import generate, progress_bar
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.defaults import resolve_schedule
 from sedd.io.files import check_writable, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.request.plan import GenerationRequest, cell_plan
+from sedd.request.plan import GenerationRequest, SamplingOptions, cell_plan
 from sedd.request.provenance import run_provenance
 
 CountsDtype = Literal["int", "float32"]
@@ -46,20 +45,15 @@ def request_from_args(
     args: argparse.Namespace, *, cells_per_condition: int, conditions: list[str] | None
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe."""
-    steps, grid = resolve_schedule(args.steps, args.time_grid)
-    return GenerationRequest(
-        cells_per_condition=cells_per_condition,
-        conditions=tuple(conditions) if conditions else None,
-        cell_type=args.cell_type,
-        steps=steps,
-        grid=grid,  # type: ignore[arg-type]
-        sampler=args.sampler,
-        temperature=args.temperature,
-        seed=args.seed,
-        batch_size=args.batch_size,
+    sampling = SamplingOptions.resolve(
+        args.steps, args.time_grid, sampler=args.sampler, temperature=args.temperature,
+        seed=args.seed, batch_size=args.batch_size,
+    )  # fmt: skip
+    return GenerationRequest.of(
+        cells_per_condition, conditions, args.cell_type, sampling,
         tokens_per_forward=getattr(args, "tokens_per_forward", None),
         cuda_graphs=getattr(args, "cuda_graphs", None),
-    )
+    )  # fmt: skip
 
 
 def write_one_file(

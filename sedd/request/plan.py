@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from sedd.checkpoints import LoadedModel, UnknownLabelError
-from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid
+from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.engine import EngineJob
 from sedd.io.tokens import CountMatrix, counts_to_tokens
@@ -69,6 +69,37 @@ def imputation_from_counts(
 
 
 @dataclass(frozen=True)
+class SamplingOptions:
+    """How cells are sampled, whatever is asked for (vLLM's ``SamplingParams``): the schedule,
+    the reverse step, temperature, the seed and the cells in flight. ``resolve`` is the one
+    constructor every front door uses; ``GenerationRequest.of`` takes the result."""
+
+    steps: int = DEFAULT_STEPS
+    grid: TimeGrid = DEFAULT_GRID  # sedd.diffusion.sampling.time_grid
+    sampler: Predictor = "euler"
+    temperature: float = 1.0
+    seed: int = 0
+    batch_size: int = 64
+
+    @classmethod
+    def resolve(
+        cls,
+        steps: int | None = None,
+        time_grid: str | None = None,
+        *,
+        sampler: Predictor = "euler",
+        temperature: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 64,
+    ) -> SamplingOptions:
+        """Options with the schedule resolved (``sedd.defaults.resolve_schedule``): neither
+        ``steps`` nor ``time_grid`` gives the tuned default; ``steps`` alone, st3's uniform grid.
+        ``GenerationRequest.validate`` checks the values once, before a run."""
+        steps, grid = resolve_schedule(steps, time_grid)
+        return cls(steps, grid, sampler, temperature, seed, batch_size)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What to generate: the one request type of the API, the CLI, shard jobs and the server.
 
@@ -94,6 +125,40 @@ class GenerationRequest:
     # never changes a cell, so it is not part of the request's record or identity
     cuda_graphs: bool | None = field(default=None, compare=False)
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(
+        cls,
+        cells_per_condition: int,
+        conditions: Sequence[str] | None,
+        cell_type: str | None,
+        sampling: SamplingOptions,
+        *,
+        tokens_per_forward: int | None = None,
+        cuda_graphs: bool | None = None,
+        imputation: Imputation | None = None,
+    ) -> GenerationRequest:
+        """The request every front door builds: what to generate, sampled as ``sampling`` says."""
+        return cls(
+            cells_per_condition=cells_per_condition,
+            conditions=tuple(conditions) if conditions else None,
+            cell_type=cell_type,
+            steps=sampling.steps,
+            grid=sampling.grid,
+            sampler=sampling.sampler,
+            temperature=sampling.temperature,
+            seed=sampling.seed,
+            batch_size=sampling.batch_size,
+            tokens_per_forward=tokens_per_forward,
+            cuda_graphs=cuda_graphs,
+            imputation=imputation,
+        )
+
+    @property
+    def sampling(self) -> SamplingOptions:
+        return SamplingOptions(
+            self.steps, self.grid, self.sampler, self.temperature, self.seed, self.batch_size
+        )
 
     def validate(self) -> None:
         budget = self.tokens_per_forward
