@@ -175,7 +175,8 @@ class PrecisionPolicy:
         region = self.autocast(cache=not _capturing()) if amp else self._fp32()
         with torch.inference_mode(), region:
             raw = model(x, sigma, labels=labels, cell_types=cell_types)
-        return self._gather_fp32(raw, None)
+        # precision: rule 3, the output leaves autocast as fp32 before any scaling.
+        return raw.float()
 
     def _fp32(self) -> contextlib.AbstractContextManager[None]:
         return torch.autocast(self.device.type, enabled=False)
@@ -235,31 +236,14 @@ class PrecisionPolicy:
         amp: bool,
     ) -> torch.Tensor:
         """The fp32 output of ``model`` over ``inputs``, in blocks of ``block_rows`` rows."""
-        total = inputs.x.shape[0]
-        size = total if block_rows is None else block_rows
-        if size < 1:
-            raise ValueError(f"`block_rows` must be >= 1, got {block_rows}.")
         parts = []
-        for lo in range(0, total, size):
-            hi = min(lo + size, total)
-            if hi - lo == size:  # a full block: a view, no copy
-                block = inputs.rows(slice(lo, hi))
-            else:  # the block's rows, then its last row again as padding
-                index = torch.arange(lo, lo + size, device=inputs.x.device).clamp_max(hi - 1)
-                block = inputs.rows(index)
-            region = self.autocast() if amp else torch.autocast(self.device.type, enabled=False)
-            with torch.inference_mode(), region:
-                raw = model(block.x, block.sigma, labels=block.labels, cell_types=block.cell_types)
-            picked = None if positions is None else positions[lo:hi]
-            parts.append(self._gather_fp32(raw[: hi - lo], picked))  # (B, L, V) or (M, V)
+        for lo, hi, index in fixed_blocks(inputs.x.shape[0], block_rows, inputs.x.device):
+            block = inputs.rows(index)
+            out = self.block_scores(
+                model, block.x, block.sigma, block.labels, block.cell_types, amp=amp
+            )[: hi - lo]  # (b, L, V)
+            parts.append(out if positions is None else out[positions[lo:hi]])  # or (M, V)
         return torch.cat(parts) if len(parts) != 1 else parts[0]
-
-    @staticmethod
-    def _gather_fp32(raw: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        # precision: rule 3, the output leaves autocast as fp32 before any scaling.
-        if positions is None:
-            return raw.float()
-        return raw[positions].float()
 
     @staticmethod
     def _row_of_position(positions: torch.Tensor) -> torch.Tensor:
@@ -288,6 +272,23 @@ class PrecisionPolicy:
             "torch_version": str(torch.__version__),
             "fp32_fallbacks": int(fp32_fallbacks),
         }
+
+
+def fixed_blocks(
+    total: int, block_rows: int | None, device: torch.device | str
+) -> Iterator[tuple[int, int, slice | torch.Tensor]]:
+    """(lo, hi, index) of each forward block over ``total`` rows: exactly ``block_rows`` rows a
+    block (``None``: one block of all), the last padded with copies of its last row. ``index``
+    picks the block's rows: a slice (a view) for a full block, else a padding gather."""
+    size = total if block_rows is None else block_rows
+    if size < 1:
+        raise ValueError(f"`block_rows` must be >= 1, got {block_rows}.")
+    for lo in range(0, total, size):
+        hi = min(lo + size, total)
+        if hi - lo == size:
+            yield lo, hi, slice(lo, hi)
+        else:
+            yield lo, hi, torch.arange(lo, lo + size, device=device).clamp_max(hi - 1)
 
 
 def _capturing() -> bool:

@@ -73,8 +73,8 @@ def profile_ticks(engine: Engine, ticks: int = 1) -> tuple[float, float]:
 class _ForwardClock:
     """Forward hooks summing the wall time spent inside ``model``'s forward."""
 
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
-        self.seconds, self._start, self.device = 0.0, 0.0, device
+    def __init__(self, model: nn.Module) -> None:
+        self.seconds, self._start = 0.0, 0.0
         self._hooks = [
             model.register_forward_pre_hook(self._enter),
             model.register_forward_hook(self._leave),
@@ -123,7 +123,7 @@ def measure(
         engine.submit(EngineJob(rows, steps=ticks + 6, seed=0, labels=cell_labels))
         for _ in range(2):  # admission, then a first step
             engine.tick()
-        clock = _ForwardClock(model, sampler.device)  # type: ignore[arg-type]
+        clock = _ForwardClock(model)
         try:
             start = time.perf_counter()
             for _ in range(ticks):

@@ -54,8 +54,8 @@ def _mulhilo(a: Words, multiplier: int) -> tuple[Words, Words]:
     the product is split into 16-bit halves and no intermediate leaves int64's range.
     """
     if isinstance(a, np.ndarray):  # uint64
-        product = a * np.uint64(multiplier)
-        return product >> np.uint64(32), product & np.uint64(_MASK32)
+        product = a * multiplier
+        return product >> 32, product & _MASK32
     p_low = (a & 0xFFFF) * multiplier  # < 2^48
     p_high = (a >> 16) * multiplier  # < 2^48; the product is p_high * 2^16 + p_low
     low_sum = ((p_high & 0xFFFF) << 16) + p_low  # < 2^49
@@ -123,12 +123,9 @@ def _cell_words(
     """Philox words (B, P) of the cells' gene pairs ``pair`` (a (P,) range, or a count)."""
     if isinstance(pair, int):  # NumPy: the (P,) range of pairs for num_positions genes
         pair = np.arange((pair + 1) // 2, dtype=np.uint64)
-    mask = _MASK32 if isinstance(seed, torch.Tensor) else np.uint64(_MASK32)
-    shift = 32 if isinstance(seed, torch.Tensor) else np.uint64(32)
-    tag = int(purpose) << 16
-    key = ((seed & mask)[:, None], (seed >> shift)[:, None])  # (B, 1) each
-    high = ((cell >> shift) | (tag if isinstance(seed, torch.Tensor) else np.uint64(tag)))[:, None]
-    counter = (pair[None, :], (step & mask)[:, None], (cell & mask)[:, None], high)
+    key = ((seed & _MASK32)[:, None], (seed >> 32)[:, None])  # (B, 1) each
+    high = ((cell >> 32) | (int(purpose) << 16))[:, None]
+    counter = (pair[None, :], (step & _MASK32)[:, None], (cell & _MASK32)[:, None], high)
     return philox4x32(counter, key)  # type: ignore[arg-type]
 
 
@@ -138,6 +135,6 @@ def _interleave(
     """(B, L) fp64 uniforms from NumPy words: gene 2p from (w0, w1), gene 2p + 1 from (w2, w3)."""
     out = np.empty((w0.shape[0], 2 * w0.shape[1]), dtype=np.float64)
     for column, (high, low) in enumerate(((w0, w1), (w2, w3))):
-        bits = ((high >> np.uint64(5)) << np.uint64(26)) | (low >> np.uint64(6))
+        bits = ((high >> 5) << 26) | (low >> 6)
         out[:, column::2] = bits.astype(np.float64) * 2.0**-53
     return out[:, :num_positions]

@@ -47,7 +47,13 @@ from sedd.diffusion.noise import Noise
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.diffusion.schedule import time_grid
 from sedd.diffusion.step_rows import StepPlan, StepRows
-from sedd.precision import NonFiniteScoreError, PrecisionPolicy, ScoreModel, resolve_precision
+from sedd.precision import (
+    NonFiniteScoreError,
+    PrecisionPolicy,
+    ScoreModel,
+    fixed_blocks,
+    resolve_precision,
+)
 
 Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
@@ -207,17 +213,9 @@ class Sampler:
         """The step's new tokens on the device, with no host sync: the model runs on blocks of
         exactly ``block_rows`` rows (the last padded with copies of its last row), and each block
         is one fixed-shape computation (one CUDA graph replay where graphs are on)."""
-        total = rows.num_rows
-        size = total if self.block_rows is None else self.block_rows
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        for lo in range(0, total, size):
-            hi = min(lo + size, total)
-            if hi - lo == size:  # a full block: views, no copy
-                block = rows.take(slice(lo, hi))
-            else:
-                index = torch.arange(lo, lo + size, device=rows.x.device).clamp_max(hi - 1)
-                block = rows.take(index)
-            tokens, nonfinite, active = self.graphs.run(block, plan, amp)
+        for lo, hi, index in fixed_blocks(rows.num_rows, self.block_rows, rows.x.device):
+            tokens, nonfinite, active = self.graphs.run(rows.take(index), plan, amp)
             parts.append((tokens[: hi - lo], nonfinite[: hi - lo], active[: hi - lo]))
         if len(parts) == 1:
             return Proposal(*parts[0], model_calls=1)

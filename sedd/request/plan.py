@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import pandas as pd
@@ -143,12 +143,7 @@ class GenerationRequest:
             cells_per_condition=cells_per_condition,
             conditions=tuple(conditions) if conditions else None,
             cell_type=cell_type,
-            steps=sampling.steps,
-            grid=sampling.grid,
-            sampler=sampling.sampler,
-            temperature=sampling.temperature,
-            seed=sampling.seed,
-            batch_size=sampling.batch_size,
+            **asdict(sampling),  # the sampling fields, by name
             tokens_per_forward=tokens_per_forward,
             cuda_graphs=cuda_graphs,
             imputation=imputation,
@@ -156,9 +151,7 @@ class GenerationRequest:
 
     @property
     def sampling(self) -> SamplingOptions:
-        return SamplingOptions(
-            self.steps, self.grid, self.sampler, self.temperature, self.seed, self.batch_size
-        )
+        return SamplingOptions(**{f.name: getattr(self, f.name) for f in fields(SamplingOptions)})
 
     def validate(self) -> None:
         budget = self.tokens_per_forward
