@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.batch.run import generate
+from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL
 from sedd.eval.metrics import (
@@ -34,7 +34,7 @@ from sedd.eval.metrics import (
 )
 from sedd.eval.quality import HeldOut
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 
 HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pearson")
 
@@ -67,7 +67,7 @@ def main() -> int:
             seed=seed,
             batch_size=args.batch_size,
         )
-        result = generate(loaded, request, resolve_precision(precision, loaded.device))
+        result = run_plan(plan(loaded, request), resolve_precision(precision, loaded.device))
         print(
             f"  {precision} steps={steps} seed={seed}: {result.stats['cells']} cells in "
             f"{result.stats['seconds']:.1f} s"

@@ -14,7 +14,6 @@ random stream (seed, i).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,15 @@ from typing import Any
 import anndata
 import torch
 
-from sedd.batch.run import generate, progress_bar
+from sedd.batch.run import progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import TimeGrid, default_device
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
-from sedd.request.conditions import perturbation_conditions
-from sedd.request.imputation import imputation_from_anndata
-from sedd.request.plan import GenerationRequest, Imputation, SamplingOptions, cell_plan
+from sedd.request.conditions import perturbation_conditions, single_condition
+from sedd.request.imputation import Imputation, dropped_genes_warning, imputation_from_anndata
+from sedd.request.plan import GenerationRequest, SamplingOptions, plan
 from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
@@ -228,45 +227,15 @@ class Model:
         models impute under ``condition`` (default: the control). The result has the input's
         cell names and ``var["observed"]``.
         """
-        given = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
-        if given.dropped_genes:
-            shown = ", ".join(given.dropped_genes[:5])
-            warnings.warn(
-                f"{len(given.dropped_genes)} gene(s) of the data are not in the model and were "
-                f"dropped (e.g. {shown}).",
-                UserWarning,
-                stacklevel=2,
-            )
+        imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
+        dropped_genes_warning(imputation)
         sampling = sampling or SamplingOptions.resolve(
             steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
             batch_size=batch_size,
         )  # fmt: skip
-        conditions = self._one_condition(condition)
-        request = self._request(
-            given.imputation.num_cells, conditions, cell_type, sampling, given.imputation
-        )
-        out = self._run(request, progress)
-        out.obs_names = given.obs_names
-        out.var["observed"] = _observed(given.imputation, self.genes)
-        out.uns["sedd"]["imputation"] = {
-            "observed_genes": len(given.observed_genes),
-            "dropped_genes": given.dropped_genes,
-        }
-        return out
-
-    def _one_condition(self, condition: str | None) -> tuple[str, ...] | None:
-        if not self.loaded.conditional:
-            if condition is not None:
-                raise ValueError(
-                    f"`condition` must be None: this model is unconditional, got {condition!r}."
-                )
-            return None
-        name = condition if condition is not None else self.control
-        if name is None:
-            raise ValueError(
-                "`condition` must be given: this model is conditional and has no control label."
-            )
-        return (name,)
+        conditions = single_condition(self.loaded, condition)
+        request = self._request(imputation.num_cells, conditions, cell_type, sampling, imputation)
+        return self._run(request, progress)
 
     def _request(
         self,
@@ -284,17 +253,11 @@ class Model:
         )  # fmt: skip
 
     def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
-        request.validate()
+        planned = plan(self.loaded, request)
         if not progress:
-            result = generate(self.loaded, request, self.policy)
+            result = run_plan(planned, self.policy)
         else:
-            num_cells = len(cell_plan(self.loaded, request))
-            with progress_bar(num_cells, request.steps, "sampling") as on_progress:
-                result = generate(self.loaded, request, self.policy, on_progress=on_progress)
+            with progress_bar(len(planned), request.steps, "sampling") as on_progress:
+                result = run_plan(planned, self.policy, on_progress=on_progress)
         uns = run_provenance(self.loaded, request, self.policy, result.stats)
-        return cells_anndata(result.counts, result.genes, result.obs, uns)
-
-
-def _observed(imputation: Imputation, genes: list[str]) -> list[bool]:
-    observed = set(imputation.genes)
-    return [gene in observed for gene in genes]
+        return cells_anndata(result.counts, result.genes, result.obs, uns, var=planned.var())

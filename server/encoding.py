@@ -16,8 +16,8 @@ from starlette.responses import Response
 
 from sedd.engine import JobResult
 from sedd.io.tokens import tokens_to_counts
-from sedd.io.write import provenance_uns, write_cells_h5ad
-from sedd.request.provenance import model_provenance
+from sedd.io.write import write_cells_h5ad
+from sedd.request.provenance import run_provenance
 from server.planning import PlannedJob, finite_or_zero
 from server.schemas import (
     CellLabels,
@@ -42,14 +42,14 @@ def counts_of(service: Service, result: JobResult) -> np.ndarray:
 
 
 def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
-    options = planned.options
+    request = planned.plan.request  # the schedule as resolved
     return ResponseMetadata(
         job_id=job_id,
-        seed=options.seed,
-        steps=options.steps,
-        time_grid=options.time_grid,
-        sampler=options.sampler,
-        temperature=options.temperature,
+        seed=request.seed,
+        steps=request.steps,
+        time_grid=request.grid,
+        sampler=request.sampler,
+        temperature=request.temperature,
         precision=service.precision_record(result.fp32_fallbacks),  # type: ignore[arg-type]
         queue_seconds=finite_or_zero(result.queue_seconds),
         compute_seconds=finite_or_zero(result.compute_seconds),
@@ -131,30 +131,23 @@ def _list(values: np.ndarray) -> list[float]:
 
 
 def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route: str) -> bytes:
-    options = planned.options
-    uns = provenance_uns(
-        sampler=options.sampler,
-        steps=options.steps,
-        seed=options.seed,
-        temperature=options.temperature,
-        precision_record=service.precision_record(result.fp32_fallbacks),
-        checkpoint_hash=service.loaded.file_hash,
-        timings={
-            "queue_seconds": finite_or_zero(result.queue_seconds),
-            "compute_seconds": finite_or_zero(result.compute_seconds),
-            "forwards": int(result.forwards),
-        },
-        extra={
-            "route": route,
-            "observed_genes": list(planned.observed_genes),
-            **model_provenance(service.loaded),
-        },
+    """The same ``uns`` as ``sedd generate``'s file (request, model, precision record), with
+    the server's timings and route."""
+    timings = {
+        "queue_seconds": finite_or_zero(result.queue_seconds),
+        "compute_seconds": finite_or_zero(result.compute_seconds),
+        "forwards": int(result.forwards),
+        "fp32_fallbacks": int(result.fp32_fallbacks),
+    }
+    uns = run_provenance(
+        service.loaded, planned.plan.request, service.precision, timings, {"route": route}
     )
     counts = counts_of(service, result)
     with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
         path = write_cells_h5ad(
-            Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells, uns
-        )
+            Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells, uns,
+            var=planned.plan.var(),
+        )  # fmt: skip
         return path.read_bytes()
 
 

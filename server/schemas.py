@@ -1,20 +1,24 @@
 """Request and response bodies, with bounds and OpenAPI examples.
 
 Static bounds here are hard ceilings; the server's own limits (``max_cells_per_request``,
-``max_steps``) are checked when a request is planned (``server.planning``) and written into the
-OpenAPI schema by ``apply_limits``, so clients and schemathesis see the real maxima.
+``max_steps``) are checked by each body's ``to_request`` (its one conversion to the library's
+request type) and written into the OpenAPI schema by ``apply_limits``, so clients and
+schemathesis see the real maxima.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from sedd.checkpoints import LoadedModel
 from sedd.checkpoints.schema import ModelConfig
-from sedd.defaults import TimeGrid
+from sedd.defaults import TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
+from sedd.request.plan import GenerationRequest
 from sedd.request.plan import SamplingOptions as Sampling
+from server import decoding
 from server.config import Settings
 
 SamplerName = Predictor  # the library's one definition
@@ -65,12 +69,28 @@ class SamplingOptions(_Request):
         description="deadline for this request; at most the server's request_timeout_s",
     )
 
-    def to_sampling(self) -> Sampling:
-        """The library's sampling options for this body (its schedule resolved)."""
+    # where an unknown condition name is reported
+    names_loc: ClassVar[tuple[str, ...]] = ("body", "condition")
+
+    def to_sampling(self, settings: Settings) -> Sampling:
+        """The library's sampling options for this body: its schedule resolved
+        (``sedd.defaults.resolve_schedule``), a left-out ``steps`` capped at ``max_steps``."""
+        steps, grid = resolve_schedule(self.steps, self.time_grid)
+        if self.steps is None:
+            steps = min(steps, settings.max_steps)
+        decoding.check_steps(settings, steps)
         return Sampling.resolve(
-            self.steps, self.time_grid, sampler=self.sampler, temperature=self.temperature,
-            seed=self.seed,
-        )  # fmt: skip
+            steps, grid, sampler=self.sampler, temperature=self.temperature, seed=self.seed
+        )
+
+    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
+        """The library's one request type for this body, within the server's limits."""
+        raise NotImplementedError
+
+    def timeout(self, settings: Settings) -> float:
+        """The request's deadline in seconds: its own, at most the server's."""
+        limit = settings.request_timeout_s
+        return limit if self.timeout_s is None else min(self.timeout_s, limit)
 
 
 class GenerateRequest(SamplingOptions):
@@ -87,6 +107,12 @@ class GenerateRequest(SamplingOptions):
         default=None, description="perturbation name; default: the model's control label"
     )
     cell_type: Name | None = Field(default=None, description="cell type (models that have them)")
+
+    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
+        sampling = self.to_sampling(settings)
+        decoding.check_cells(settings, self.num_cells, "num_cells")
+        condition = decoding.one_condition(loaded, self.condition)
+        return GenerationRequest.of(self.num_cells, condition, self.cell_type, sampling)
 
 
 class PredictRequest(SamplingOptions):
@@ -112,11 +138,20 @@ class PredictRequest(SamplingOptions):
         default=True, description="also generate control cells (with the control label)"
     )
 
+    names_loc: ClassVar[tuple[str, ...]] = ("body", "perturbations")
+
     @model_validator(mode="after")
     def _unique(self) -> PredictRequest:
         if len(set(self.perturbations)) != len(self.perturbations):
             raise ValueError("`perturbations` must not repeat a name")
         return self
+
+    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
+        sampling = self.to_sampling(settings)
+        conditions = decoding.predicted_conditions(loaded, self.perturbations, self.include_control)
+        n = self.cells_per_perturbation
+        decoding.check_cells(settings, len(conditions) * n, "cells_per_perturbation")
+        return GenerationRequest.of(n, conditions, self.cell_type, sampling)
 
 
 class ImputeRequest(SamplingOptions):
@@ -149,6 +184,15 @@ class ImputeRequest(SamplingOptions):
                     f"`counts` row {i} has {len(row)} values but `genes` names {len(self.genes)}"
                 )
         return self
+
+    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
+        sampling = self.to_sampling(settings)
+        decoding.check_cells(settings, len(self.counts), "counts")
+        imputation = decoding.imputation(loaded, self.genes, self.counts, self.clip)
+        condition = decoding.one_condition(loaded, self.condition)
+        return GenerationRequest.of(
+            imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation
+        )
 
 
 # ---- responses -------------------------------------------------------------------------------

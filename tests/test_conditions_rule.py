@@ -13,9 +13,9 @@ from checkpoint_files import ST3
 from sedd.api import Model
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, cell_plan
+from sedd.request.plan import GenerationRequest, plan
+from server.decoding import one_condition
 from server.errors import FieldError
-from server.planning import _condition
 
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
 
@@ -28,11 +28,11 @@ def test_a_model_with_names_only_in_its_vectors_is_conditional_on_every_path():
     assert loaded.config.perturbations is None and len(names) >= 2
     assert loaded.conditional and loaded.conditions == names
     assert Model(loaded, FP32).conditions == names  # the Python API
-    assert _condition(loaded, names[1]) == (names[1],)  # the server takes a condition
+    assert one_condition(loaded, names[1]) == (names[1],)  # the server takes a condition
     with pytest.raises(ValueError, match=r"conditioned on perturbations: pass `conditions`"):
-        cell_plan(loaded, GenerationRequest(cells_per_condition=1))
-    plan = cell_plan(loaded, GenerationRequest(cells_per_condition=2, conditions=tuple(names)))
-    assert list(plan["condition"]) == [n for n in names for _ in range(2)]
+        plan(loaded, GenerationRequest(cells_per_condition=1))
+    cells = plan(loaded, GenerationRequest(cells_per_condition=2, conditions=tuple(names))).cells
+    assert list(cells["condition"]) == [n for n in names for _ in range(2)]
 
 
 def test_an_unconditional_model_has_no_conditions_anywhere():
@@ -41,6 +41,6 @@ def test_an_unconditional_model_has_no_conditions_anywhere():
         loaded = load_checkpoint(ST3 / "tiny_mlm")
     assert not loaded.conditional and loaded.conditions == []
     assert Model(loaded, FP32).conditions == []
-    assert _condition(loaded, None) is None
+    assert one_condition(loaded, None) is None
     with pytest.raises(FieldError):
-        _condition(loaded, "KRAS")
+        one_condition(loaded, "KRAS")

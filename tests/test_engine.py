@@ -11,7 +11,7 @@ import torch
 from devices import DEVICE
 from torch import nn
 
-from sedd.batch.run import generate
+from sedd.batch.run import run_plan
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.checkpoints.schema import ModelConfig
 from sedd.diffusion.graph import graph_from_config
@@ -33,7 +33,7 @@ from sedd.engine.samplers import AnalyticSampler, EulerSampler
 from sedd.io.tokens import tokens_to_counts
 from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
-from sedd.request.plan import GenerationRequest, cell_plan, job_for
+from sedd.request.plan import GenerationRequest, plan
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
@@ -432,10 +432,10 @@ def test_one_job_for_a_whole_request_matches_generate_in_batches():
         sampler="analytic", temperature=0.8, batch_size=3,
     )  # fmt: skip
     engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=3)
-    handle = engine.submit(job_for(LOADED, request, cell_plan(LOADED, request)))
+    handle = engine.submit(plan(LOADED, request).job())
     run_until_idle(engine)
     counts = tokens_to_counts(handle.future.result(timeout=0).tokens, BINS)
-    expected = generate(LOADED, request, FP32).counts
+    expected = run_plan(plan(LOADED, request), FP32).counts
     assert (counts == expected).all()
 
 

@@ -18,12 +18,12 @@ from devices import DEVICE
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
-from sedd.batch.run import generate
+from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.engine.monitor import MonitorSnapshot
 from sedd.engine.samplers import EulerSampler
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +38,7 @@ def solo_counts(model_dir: Path, **request: object) -> np.ndarray:
     """The same request run alone through the library (no server, no batching)."""
     loaded = load_checkpoint(model_dir, device=DEVICE)
     precision = resolve_precision("fp32", DEVICE)
-    return generate(loaded, GenerationRequest(**request), precision).counts  # type: ignore[arg-type]
+    return run_plan(plan(loaded, GenerationRequest(**request)), precision).counts  # type: ignore[arg-type]
 
 
 async def test_healthz_needs_no_key_and_readyz_reports_an_idle_engine(model_dir: Path) -> None:

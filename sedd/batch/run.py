@@ -1,8 +1,9 @@
-"""Run a request offline: its cells, batch by batch, through an in-process engine.
+"""Run a plan offline: its cells, batch by batch, through an in-process engine.
 
-``generate`` is what the Python API, ``sedd generate/predict/impute``, shard jobs and the
-st3-compatible scripts call. It builds the request's jobs (``sedd.request.plan``), one per
-``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until each is done;
+``run_plan`` is what the Python API, ``sedd generate/predict/impute``, shard jobs and the
+st3-compatible scripts call with the one ``sedd.request.plan.plan``. It takes the plan's jobs,
+one per ``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until
+each is done;
 ``on_batch`` sees each finished batch before the next one ends. A ``sedd.engine.monitor.Monitor``
 (the engine's observer) counts its forwards and finished cells; its snapshot becomes the result's
 ``stats``.
@@ -26,7 +27,7 @@ from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, cell_plan, jobs_for
+from sedd.request.plan import Plan
 
 
 @dataclass
@@ -37,9 +38,8 @@ class GenerationResult:
     stats: dict[str, object] = field(default_factory=dict)
 
 
-def generate(
-    loaded: LoadedModel,
-    request: GenerationRequest,
+def run_plan(
+    plan: Plan,
     precision: PrecisionPolicy,
     *,
     cell_range: range | None = None,
@@ -47,15 +47,14 @@ def generate(
     on_batch: Callable[[range, np.ndarray], None] | None = None,
     keep_counts: bool = True,
 ) -> GenerationResult:
-    """Generate the cells of ``request`` (or only those in ``cell_range``, for sharding).
+    """Generate the cells of ``plan`` (or only those in ``cell_range``, for sharding).
 
     ``on_progress`` is called after every engine step with the batch's ``JobProgress``;
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
     e.g. to save it before the next one finishes. ``keep_counts=False`` keeps no batch after
     ``on_batch`` (a run of any size then holds a few batches at a time; ``counts`` is None).
     """
-    request.validate()
-    plan = cell_plan(loaded, request)
+    loaded, request = plan.loaded, plan.request
     if loaded.config.genes_by_position:
         warnings.warn(positional_genes_warning(loaded), PositionalGenesWarning, stacklevel=2)
     cells = cell_range if cell_range is not None else range(len(plan))
@@ -77,7 +76,7 @@ def generate(
     fallbacks = 0
 
     def jobs() -> Iterator[EngineJob]:  # built as the engine needs them
-        for batch, job in jobs_for(loaded, request, plan, cells):
+        for batch, job in plan.jobs(cells):
             batches.append(batch)
             yield job
 
@@ -97,7 +96,7 @@ def generate(
     return GenerationResult(
         counts if keep_counts else None,
         list(loaded.config.genes),
-        plan.iloc[cells.start : cells.stop],
+        plan.cells.iloc[cells.start : cells.stop],
         stats,
     )
 

@@ -31,14 +31,14 @@ from sedd.batch.manifest import (
     request_record,
     shard_entry,
 )
-from sedd.batch.run import generate
+from sedd.batch.run import run_plan
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine import JobProgress
 from sedd.io.files import sha256_file, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, cell_plan
+from sedd.request.plan import GenerationRequest, Plan
 from sedd.request.provenance import run_provenance
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
@@ -55,8 +55,7 @@ _LAST_RUN_KEYS = (
 class ShardJob:
     """One shard's work, as found on disk; ``run`` finishes it."""
 
-    loaded: LoadedModel
-    request: GenerationRequest
+    plan: Plan  # the whole request's, planned once
     precision: PrecisionPolicy
     shard: Shard
     paths: ShardPaths
@@ -65,6 +64,14 @@ class ShardJob:
     done_entry: dict[str, Any] | None  # the entry, when the shard is already complete
     # first cell -> cells of each finished batch on disk (the counts stay there, not in memory)
     parts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def loaded(self) -> LoadedModel:
+        return self.plan.loaded
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.plan.request
 
     @property
     def parts_dir(self) -> Path:
@@ -96,9 +103,9 @@ class ShardJob:
         resumed = self.resumed_cells
         self.parts_dir.mkdir(parents=True, exist_ok=True)
         runs = [
-            generate(
-                self.loaded, self.request, self.precision,
-                cell_range=gap, on_progress=on_progress, on_batch=self._save_part,
+            run_plan(
+                self.plan, self.precision, cell_range=gap, on_progress=on_progress,
+                on_batch=self._save_part,
             ).stats
             for gap in self.gaps()
         ]  # fmt: skip
@@ -172,8 +179,7 @@ class ShardJob:
         with CellWriter(self.paths.h5ad, self.loaded.config.genes) as writer:
             for start in sorted(self.parts):
                 writer.add(sp.load_npz(self._part_path(start)))
-            plan = cell_plan(self.loaded, self.request)
-            writer.finish(plan.iloc[self.cells.start : self.cells.stop], uns)
+            writer.finish(self.plan.cells.iloc[self.cells.start : self.cells.stop], uns)
 
 
 def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
@@ -186,16 +192,9 @@ def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
     return run_provenance(job.loaded, job.request, job.precision, stats, {"shard": shard})
 
 
-def prepare_shard(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    precision: PrecisionPolicy,
-    out_dir: Path,
-    shard: Shard,
-) -> ShardJob:
+def prepare_shard(plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: Shard) -> ShardJob:
     """Claim or check ``out_dir/request.json`` and find what this shard still has to do."""
-    request.validate()
-    num_cells = len(cell_plan(loaded, request))
+    loaded, request, num_cells = plan.loaded, plan.request, len(plan)
     identity = request_identity(
         loaded, request, precision, num_cells=num_cells, num_shards=shard.count
     )
@@ -203,8 +202,7 @@ def prepare_shard(
     claimed = claim_request_file(out_dir, record)
     paths = ShardPaths(out_dir, shard)
     job = ShardJob(
-        loaded=loaded,
-        request=request,
+        plan=plan,
         precision=precision,
         shard=shard,
         paths=paths,

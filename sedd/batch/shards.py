@@ -1,6 +1,6 @@
 """Which cells a shard generates, and which shard this process is.
 
-A request numbers its cells 0..N-1 (``sedd.batch.run.cell_plan``). Shard k of n gets the
+A request numbers its cells 0..N-1 (``sedd.request.plan.plan``). Shard k of n gets the
 contiguous range ``shard_range(N, n, k)``; the first ``N % n`` shards get one cell more. Cell i
 draws from its own random stream (seed, i), so the merged shards equal a one-shard run cell for
 cell, whatever the shard count or batch size.

@@ -140,20 +140,26 @@ def add_shard_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_output_arguments(p: argparse.ArgumentParser, default_out: Path) -> None:
-    """``--out FILE`` or ``--out-dir DIR`` (resumable shards), the shard options, counts dtype."""
+def add_output_arguments(
+    p: argparse.ArgumentParser, default_out: Path, *, shards: bool = True
+) -> None:
+    """``--out FILE`` or ``--out-dir DIR`` (resumable shards), the shard options, counts dtype.
+    ``shards=False``: one file only (``--out``, counts dtype)."""
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--out", type=Path, default=None, help=f"write one .h5ad file (default {default_out})"
     )
+    add_counts_dtype_argument(p)
+    p.set_defaults(default_out=default_out)
+    if not shards:
+        p.set_defaults(out_dir=None, num_shards=1, shard_index=0)
+        return
     where.add_argument(
         "--out-dir",
         type=Path,
         help="sharded, resumable output: DIR/request.json + DIR/shards/; `sedd merge DIR` joins",
     )
     add_shard_arguments(p)
-    add_counts_dtype_argument(p)
-    p.set_defaults(default_out=default_out)
 
 
 def add_counts_dtype_argument(p: argparse.ArgumentParser) -> None:

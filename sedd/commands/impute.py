@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.commands.args import add_model_arguments, add_sampling_arguments
+from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,33 +24,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--condition", metavar="NAME", help="condition of every cell (default: the control)"
     )
     p.add_argument("--clip", action="store_true", help="clip counts above the model's vocabulary")
-    p.add_argument("--out", type=Path, default=Path("out/imputed.h5ad"), help="output .h5ad")
     add_model_arguments(p)
     add_sampling_arguments(p)
+    add_output_arguments(p, default_out=Path("out/imputed.h5ad"), shards=False)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sedd.api import Model
     from sedd.commands.loading import load_from_args
-    from sedd.commands.output import finish
+    from sedd.commands.output import request_from_args, run_request
     from sedd.io.files import check_writable
-    from sedd.io.write import write_h5ad_atomic
-    from sedd.precision import resolve_precision
+    from sedd.request.conditions import single_condition
+    from sedd.request.imputation import dropped_genes_warning, imputation_from_anndata
 
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
-    check_writable(args.out)  # before the work, not after it
+    check_writable(args.out or args.default_out)  # before the work, not after it
     loaded = load_from_args(args)
-    model = Model(loaded, resolve_precision(args.precision, loaded.device))
-    steps = {"steps": args.steps, "time_grid": args.time_grid}
-    adata = model.impute(
-        data, layer=args.layer, condition=args.condition, cell_type=args.cell_type,
-        sampler=args.sampler, temperature=args.temperature, seed=args.seed,
-        batch_size=args.batch_size, clip=args.clip, progress=True, **steps,
-    )  # fmt: skip
-    write_h5ad_atomic(adata, args.out)
-    stats = dict(adata.uns["sedd"]["timings"])
-    finish(args.out, stats, model.policy, num_genes=adata.n_vars)
+    imputation = imputation_from_anndata(loaded, data, layer=args.layer, clip=args.clip)
+    dropped_genes_warning(imputation)
+    request = request_from_args(
+        args,
+        cells_per_condition=imputation.num_cells,
+        conditions=single_condition(loaded, args.condition),
+        imputation=imputation,
+    )
+    run_request(loaded, request, args)
     return 0

@@ -1,6 +1,7 @@
-"""What ``sedd generate``, ``sedd predict`` and the st3 scripts share after building a request:
-output options, the progress bar, the run itself (one file, or one shard of an output
-directory), the final summary line and the JSON metrics file.
+"""The one CLI route of ``sedd generate``, ``sedd predict``, ``sedd impute`` and the st3 scripts:
+each builds a request (``request_from_args``), and ``run_request`` plans it once and runs it
+into one file or one shard of an output directory, with a progress bar, the summary line and
+the JSON metrics file.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from sedd.batch.run import generate, progress_bar
+from sedd.batch.run import progress_bar, run_plan
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.io.files import check_writable, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.request.plan import GenerationRequest, SamplingOptions, cell_plan
+from sedd.request.imputation import Imputation
+from sedd.request.plan import GenerationRequest, Plan, SamplingOptions, plan
 from sedd.request.provenance import run_provenance
 
 CountsDtype = Literal["int", "float32"]
@@ -26,7 +28,9 @@ CountsDtype = Literal["int", "float32"]
 def run_request(
     loaded: LoadedModel, request: GenerationRequest, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Run ``request`` as the output options in ``args`` say; returns the summary."""
+    """Plan ``request`` once and run it as the output options in ``args`` say (``--out``, or
+    ``--out-dir`` and a shard); returns the summary."""
+    planned = plan(loaded, request)
     shard = resolve_shard(args.num_shards, args.shard_index)
     if args.out_dir is None:
         if shard.count > 1:
@@ -35,14 +39,18 @@ def run_request(
                 "DIR: each shard writes DIR/shards/..., and `sedd merge DIR` joins them."
             )
         out = args.out or args.default_out
-        return write_one_file(loaded, request, args.precision, out, args.counts_dtype)
+        return write_one_file(planned, args.precision, out, args.counts_dtype)
     if args.counts_dtype != "int":
         raise ValueError("--counts-dtype float32 applies to `sedd merge` in --out-dir mode.")
-    return run_shard(loaded, request, args.precision, args.out_dir, shard)
+    return run_shard(planned, args.precision, args.out_dir, shard)
 
 
 def request_from_args(
-    args: argparse.Namespace, *, cells_per_condition: int, conditions: list[str] | None
+    args: argparse.Namespace,
+    *,
+    cells_per_condition: int,
+    conditions: list[str] | tuple[str, ...] | None,
+    imputation: Imputation | None = None,
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe."""
     sampling = SamplingOptions.resolve(
@@ -52,54 +60,45 @@ def request_from_args(
     return GenerationRequest.of(
         cells_per_condition, conditions, args.cell_type, sampling,
         tokens_per_forward=getattr(args, "tokens_per_forward", None),
-        cuda_graphs=getattr(args, "cuda_graphs", None),
+        cuda_graphs=getattr(args, "cuda_graphs", None), imputation=imputation,
     )  # fmt: skip
 
 
 def write_one_file(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    precision_name: str,
-    out: Path,
-    counts_dtype: CountsDtype = "int",
+    planned: Plan, precision_name: str, out: Path, counts_dtype: CountsDtype = "int"
 ) -> dict[str, Any]:
     """Generate with a progress bar, write the h5ad and ``<out>.metrics.json``, print a summary."""
-    request.validate()
+    loaded, request = planned.loaded, planned.request
     precision = resolve_precision(precision_name, loaded.device)
-    num_cells = len(cell_plan(loaded, request))
-    writer = CellWriter(check_writable(out), loaded.config.genes, count_dtype=counts_dtype)
-    with writer, progress_bar(num_cells, request.steps, "sampling") as on_progress:
-        result = generate(
-            loaded, request, precision, on_progress=on_progress,
+    writer = CellWriter(
+        check_writable(out), loaded.config.genes, count_dtype=counts_dtype, var=planned.var()
+    )
+    with writer, progress_bar(len(planned), request.steps, "sampling") as on_progress:
+        result = run_plan(
+            planned, precision, on_progress=on_progress,
             on_batch=lambda _, counts: writer.add(counts), keep_counts=False,
         )  # fmt: skip
         writer.finish(result.obs, run_provenance(loaded, request, precision, result.stats))
     return finish(out, result.stats, precision, num_genes=len(result.genes))
 
 
-def run_shard(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    precision_name: str,
-    out_dir: Path,
-    shard: Shard,
-) -> dict[str, Any]:
+def run_shard(planned: Plan, precision_name: str, out_dir: Path, shard: Shard) -> dict[str, Any]:
     """Run (or resume, or skip) one shard into ``out_dir``; print its summary."""
-    precision = resolve_precision(precision_name, loaded.device)
-    job = prepare_shard(loaded, request, precision, out_dir, shard)
+    precision = resolve_precision(precision_name, planned.loaded.device)
+    job = prepare_shard(planned, precision, out_dir, shard)
     label = f"shard {shard.index}/{shard.count}"
     if job.done_entry is not None:
         print(f"{label}: already complete ({job.paths.h5ad}, sha256 ok); nothing to do")
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    with progress_bar(job.cells_to_generate, request.steps, label) as on_progress:
+    with progress_bar(job.cells_to_generate, planned.request.steps, label) as on_progress:
         entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,
         entry["timings"],
         precision,
-        num_genes=loaded.config.num_genes,
+        num_genes=planned.loaded.config.num_genes,
         metrics_path=job.paths.entry,
     )
     return entry

@@ -34,7 +34,7 @@ from sedd.commands.output import (
 from sedd.defaults import default_device
 from sedd.io.files import write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 
 
 def _common_parser(description: str) -> argparse.ArgumentParser:
@@ -98,15 +98,15 @@ def _write(
     extra: dict[str, Any] | None = None,
 ) -> Path | None:
     """One file (``out_dir/generated_cells.h5ad`` + metadata), or this process's shard."""
-    shard = _shard(args)
+    shard, planned = _shard(args), plan(loaded, request)
     if shard.count > 1:
-        run_shard(loaded, request, args.precision, out_dir, shard)
+        run_shard(planned, args.precision, out_dir, shard)
         print(
             f"when every shard is done: sedd merge {out_dir} --out {out_dir}/generated_cells.h5ad"
         )
         return None
     out = out_dir / "generated_cells.h5ad"
-    summary = write_one_file(loaded, request, args.precision, out)
+    summary = write_one_file(planned, args.precision, out)
     metadata = {
         "script": script,
         "argv": sys.argv[1:],

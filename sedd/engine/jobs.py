@@ -1,9 +1,9 @@
 """What the batching engine (``sedd.engine``) takes and gives back: jobs, results, errors.
 
-An ``EngineJob`` is one request's rows resolved to tensors (``sedd.request.plan.job_for``
-builds them from a request: cell i on random stream (seed, i), ``sedd.diffusion.randomness``);
-``validate_job`` checks one
-against the model's ``JobLimits`` before it is queued.
+An ``EngineJob`` is one request's rows resolved to tensors (``sedd.request.plan.Plan.job``
+builds them from a planned request: cell i on random stream (seed, i),
+``sedd.diffusion.randomness``); ``validate_job`` checks one against the model's ``JobLimits``
+before it is queued.
 """
 
 from __future__ import annotations

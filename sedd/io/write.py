@@ -37,11 +37,13 @@ def cells_anndata(
     uns: Mapping[str, Any],
     *,
     count_dtype: CountDtype = "int",
+    var: pd.DataFrame | None = None,
 ) -> anndata.AnnData:
     """Cells x genes integer counts as AnnData.
 
-    - ``var_names`` = ``genes`` (model order); ``obs`` columns as given, strings as categoricals
-      (a dict gets obs_names ``"0".."N-1"``);
+    - ``var_names`` = ``genes`` (model order), with ``var``'s columns (indexed by ``genes``) when
+      given; ``obs`` columns as given, strings as categoricals (a dict gets obs_names
+      ``"0".."N-1"``);
     - counts as CSR int32 (int64 if the max needs it), whatever the gene count;
       ``count_dtype="float32"`` stores the same integer values as float32, for tools that
       normalise ``.X`` in place (Arc's cell-eval / pdex fail on integer matrices);
@@ -54,9 +56,7 @@ def cells_anndata(
     if count_dtype == "float32":
         matrix = matrix.astype(np.float32)
     obs_frame = _obs_frame(obs, n_cells=matrix.shape[0])
-    adata = anndata.AnnData(
-        X=matrix, obs=obs_frame, var=pd.DataFrame(index=pd.Index(genes, dtype=object))
-    )
+    adata = anndata.AnnData(X=matrix, obs=obs_frame, var=_var_frame(genes, var))
     adata.uns.update(_writable_uns(dict(uns)))
     return adata
 
@@ -70,11 +70,12 @@ def write_cells_h5ad(
     *,
     compression: Literal["gzip", "lzf"] | None = "gzip",
     count_dtype: CountDtype = "int",
+    var: pd.DataFrame | None = None,
 ) -> Path:
     """Write ``cells_anndata(...)`` to ``path`` atomically and return the path: a temporary
     name in the same directory, then ``os.replace``."""
     path = Path(path)
-    adata = cells_anndata(counts, genes, obs, uns, count_dtype=count_dtype)
+    adata = cells_anndata(counts, genes, obs, uns, count_dtype=count_dtype, var=var)
     write_h5ad_atomic(adata, path, compression=compression)
     return path
 
@@ -139,6 +140,17 @@ def provenance_uns(
             raise ValueError(f"extra key {key!r} would overwrite a provenance field.")
         record[str(key)] = value
     return {"sedd": _writable_uns(record)}
+
+
+def _var_frame(genes: list[str], var: pd.DataFrame | None) -> pd.DataFrame:
+    frame = pd.DataFrame(index=pd.Index(genes, dtype=object))
+    if var is None:
+        return frame
+    if list(var.index) != genes:  # a bug, not a user error
+        raise ValueError("var must be indexed by the genes, in order.")
+    for column in var.columns:
+        frame[column] = var[column].to_numpy()
+    return frame
 
 
 def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> sp.csr_matrix:
@@ -234,7 +246,12 @@ class CellWriter:
     """
 
     def __init__(
-        self, path: str | Path, genes: Sequence[str], *, count_dtype: CountDtype = "int"
+        self,
+        path: str | Path,
+        genes: Sequence[str],
+        *,
+        count_dtype: CountDtype = "int",
+        var: pd.DataFrame | None = None,
     ) -> None:
         self.path = Path(path)
         self.genes = [str(g) for g in genes]
@@ -248,7 +265,7 @@ class CellWriter:
         self._file = h5py.File(self._tmp, "w")
         self._file.attrs["encoding-type"] = "anndata"
         self._file.attrs["encoding-version"] = "0.1.0"
-        write_elem(self._file, "var", pd.DataFrame(index=pd.Index(self.genes, dtype=object)))
+        write_elem(self._file, "var", _var_frame(self.genes, var))
 
     def __enter__(self) -> CellWriter:
         return self

@@ -1,6 +1,7 @@
 """Which perturbations a prediction covers: names from flags or a file, plus the control.
 
-Shared by ``sedd predict`` and the st3-compatible scripts so both resolve names the same way.
+Shared by every front door (``sedd predict``, the API, the server and the st3-compatible
+scripts), so all resolve names the same way.
 """
 
 from __future__ import annotations
@@ -63,3 +64,20 @@ def perturbation_conditions(
             "leaving out the control (--no-control, include_control=False) removes it."
         )
     return chosen
+
+
+def single_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
+    """The one condition of an imputation (and of the server's /generate): ``given``, else the
+    control. ``None`` for an unconditional model, which must not be given one."""
+    if not loaded.conditional:
+        if given is not None:
+            raise ValueError(
+                f"`condition` must be left out: this model is unconditional, got {given!r}."
+            )
+        return None
+    name = given if given is not None else loaded.config.control_label
+    if name is None:
+        raise ValueError(
+            "`condition` must be given: this model is conditional and has no control label."
+        )
+    return (name,)

@@ -1,33 +1,97 @@
-"""Imputation from an AnnData: observed genes matched by name, the others sampled.
+"""Imputation inputs: observed counts of some genes, as the tokens every reverse step keeps.
 
-Genes the model does not have are reported and dropped (not an error: real data often carries
-extra genes); model genes the data lacks are sampled like every unobserved count. The counts
-must be integers (``.X`` or a layer, as ``sedd.io.read.read_counts`` reads them).
+Genes are matched by name. Genes the model does not have are dropped and recorded (not an
+error: real data often carries extra genes); model genes the data lacks are sampled like every
+unobserved count. Counts must be integers (``.X`` or a layer, as ``sedd.io.read.read_counts``
+reads them; the server passes them as lists).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import anndata
+import torch
 
 from sedd.checkpoints import LoadedModel
 from sedd.io.read import read_counts, require_unique
-from sedd.request.plan import Imputation, imputation_from_counts
+from sedd.io.tokens import CountMatrix, counts_to_tokens
 
 
-@dataclass(frozen=True)
-class ImputationInput:
-    """The imputation of an AnnData and what was left out of it."""
+class NoKnownGenesError(ValueError):
+    """None of the genes given is one of the model's."""
 
-    imputation: Imputation
-    obs_names: list[str]  # the data's cell names, in order
-    dropped_genes: list[str]  # in the data but not in the model, in data order
+
+@dataclass(frozen=True, eq=False)
+class Imputation:
+    """Observed counts of some genes of N cells, as the tokens every step keeps.
+
+    ``x_init`` (N, G) holds the observed tokens and the mask elsewhere; ``fixed`` (N, G) marks
+    the observed positions; ``genes`` are the observed genes, as given, and ``dropped_genes``
+    those given that the model does not have. ``obs_names`` (when the input named its cells)
+    name the output's cells. CPU tensors.
+    """
+
+    x_init: torch.Tensor  # (N, G) long
+    fixed: torch.Tensor  # (N, G) bool
+    genes: tuple[str, ...]
+    dropped_genes: tuple[str, ...] = ()
+    obs_names: tuple[str, ...] | None = None
 
     @property
-    def observed_genes(self) -> tuple[str, ...]:
-        return self.imputation.genes
+    def num_cells(self) -> int:
+        return int(self.x_init.shape[0])
+
+    def observed(self, genes: Sequence[str]) -> list[bool]:
+        """For each of ``genes`` (the model's), whether its counts were given."""
+        given = set(self.genes)
+        return [gene in given for gene in genes]
+
+
+def imputation_from_counts(
+    loaded: LoadedModel,
+    genes: Sequence[str],
+    counts: CountMatrix,
+    *,
+    clip: bool = False,
+    obs_names: Sequence[str] | None = None,
+    source: str = "the {n} genes",
+) -> Imputation:
+    """The ``Imputation`` of ``counts`` (N, K) observed for ``genes`` (K names); ``source``
+    says where the names came from in the error for none known.
+
+    Genes the model does not have are dropped (``Imputation.dropped_genes``). Raises
+    ``NoKnownGenesError`` when none is the model's, ``CountRangeError`` for counts its vocabulary
+    cannot hold (unless ``clip``) and ``ValueError`` for a model without a mask (imputation
+    needs the absorbing graph).
+    """
+    cfg = loaded.config
+    mask = cfg.tokens.mask_index
+    if mask is None:
+        raise ValueError("imputation needs an absorbing-graph (masked) model; this one has none.")
+    names = [str(g) for g in genes]
+    positions = {gene: i for i, gene in enumerate(cfg.genes)}
+    keep = [i for i, gene in enumerate(names) if gene in positions]
+    if not keep:
+        raise NoKnownGenesError(
+            f"none of {source.format(n=len(names))} is one of the model's {len(positions)} genes "
+            f"(given e.g. {names[:3]}, the model's e.g. {list(cfg.genes[:3])}); use the model's "
+            "gene identifiers (symbols vs Ensembl IDs)."
+        )
+    observed = [names[i] for i in keep]
+    kept = counts[:, keep] if len(keep) < len(names) else counts
+    given = counts_to_tokens(kept, cfg.tokens.num_bins, genes=observed, clip=clip)
+    columns = torch.tensor([positions[g] for g in observed], dtype=torch.long)
+    x_init = torch.full((given.n_cells, cfg.num_genes), mask, dtype=torch.long)  # all masked
+    x_init[:, columns] = given.tokens
+    fixed = torch.zeros_like(x_init, dtype=torch.bool)
+    fixed[:, columns] = True
+    dropped = tuple(gene for gene in names if gene not in positions)
+    cell_names = None if obs_names is None else tuple(str(c) for c in obs_names)
+    return Imputation(x_init, fixed, tuple(observed), dropped, cell_names)
 
 
 def imputation_from_anndata(
@@ -36,21 +100,25 @@ def imputation_from_anndata(
     *,
     layer: str | None = None,
     clip: bool = False,
-) -> ImputationInput:
-    """Read integer counts from ``data`` (``.X`` or ``layer``) and match genes by name."""
+) -> Imputation:
+    """Read integer counts from ``data`` (``.X`` or ``layer``); genes matched by var_names,
+    cells named by its obs_names."""
     adata = read_counts(data, layer=layer)
     names = [str(g) for g in adata.var_names]
     require_unique(names, "the data's var_names")
-    model_genes = set(loaded.config.genes)
-    keep = [i for i, gene in enumerate(names) if gene in model_genes]
-    if not keep:
-        raise ValueError(
-            f"none of the data's {len(names)} genes (e.g. {names[:3]}) is one of the model's "
-            f"{len(model_genes)} genes (e.g. {list(loaded.config.genes[:3])}); var_names must use "
-            "the model's gene identifiers (symbols vs Ensembl IDs)."
+    return imputation_from_counts(
+        loaded, names, adata.X, clip=clip, obs_names=list(adata.obs_names),
+        source="the data's {n} genes (var_names)",
+    )  # fmt: skip
+
+
+def dropped_genes_warning(imputation: Imputation) -> None:
+    """Warn (``UserWarning``, shown once by the CLI) about the genes the model does not have."""
+    dropped = imputation.dropped_genes
+    if dropped:
+        warnings.warn(
+            f"{len(dropped)} gene(s) of the data are not in the model and were dropped "
+            f"(e.g. {', '.join(dropped[:5])}).",
+            UserWarning,
+            stacklevel=3,
         )
-    counts = adata.X[:, keep]
-    observed = [names[i] for i in keep]
-    imputation = imputation_from_counts(loaded, observed, counts, clip=clip)
-    dropped = [gene for gene in names if gene not in model_genes]
-    return ImputationInput(imputation, [str(c) for c in adata.obs_names], dropped)

@@ -1,10 +1,11 @@
-"""Requests and cell plans: what a user asks for, turned into the engine's jobs.
+"""Requests and plans: what a user asks for, turned into cells and the engine's jobs.
 
-``GenerationRequest`` is the one request type: the Python API, ``sedd generate/predict/impute``,
-shard jobs and the server all build one. ``cell_plan`` numbers its cells 0..N-1 (condition by
-condition); ``job_for`` turns a range of them into an ``EngineJob`` in which cell i draws from
-its own random stream (seed, i), so a cell does not depend on the batch, shard or server request
-that ran it. ``imputation_from_counts`` turns observed counts into the tokens imputation keeps.
+``SamplingOptions.resolve`` and ``GenerationRequest.of`` build the one request type; ``plan``
+is the one planning call. The Python API, ``sedd generate/predict/impute``, shard jobs and the
+server all call both. A ``Plan`` numbers the request's cells 0..N-1 (condition by condition),
+once per run, and turns any range of them into an ``EngineJob`` in which cell i draws from its
+own random stream (seed, i), so a cell does not depend on the batch, shard or server request
+that ran it.
 """
 
 from __future__ import annotations
@@ -18,54 +19,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.checkpoints import LoadedModel
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.engine import EngineJob
-from sedd.io.tokens import CountMatrix, counts_to_tokens
-
-
-@dataclass(frozen=True, eq=False)
-class Imputation:
-    """Observed counts of some genes of N cells, as the tokens every step keeps.
-
-    ``x_init`` (N, G) holds the observed tokens and the mask elsewhere; ``fixed`` (N, G) marks
-    the observed positions; ``genes`` are the observed genes, as given. CPU tensors.
-    """
-
-    x_init: torch.Tensor  # (N, G) long
-    fixed: torch.Tensor  # (N, G) bool
-    genes: tuple[str, ...]
-
-    @property
-    def num_cells(self) -> int:
-        return int(self.x_init.shape[0])
-
-
-def imputation_from_counts(
-    loaded: LoadedModel, genes: Sequence[str], counts: CountMatrix, *, clip: bool = False
-) -> Imputation:
-    """The ``Imputation`` of ``counts`` (N, K) observed for ``genes`` (K names of the model's).
-
-    Raises ``UnknownLabelError`` (kind "gene", with close matches) for a gene the model does not
-    have, ``CountRangeError`` for counts its vocabulary cannot hold (unless ``clip``), and
-    ``ValueError`` for a model without a mask (imputation needs the absorbing graph).
-    """
-    cfg = loaded.config
-    mask = cfg.tokens.mask_index
-    if mask is None:
-        raise ValueError("imputation needs an absorbing-graph (masked) model; this one has none.")
-    positions = {gene: i for i, gene in enumerate(cfg.genes)}
-    for gene in genes:
-        if gene not in positions:
-            raise UnknownLabelError(gene, "gene", cfg.genes)
-    given = counts_to_tokens(counts, cfg.tokens.num_bins, genes=list(genes), clip=clip)
-    columns = torch.tensor([positions[g] for g in genes], dtype=torch.long)
-    x_init = torch.full((given.n_cells, cfg.num_genes), mask, dtype=torch.long)  # all masked
-    x_init[:, columns] = given.tokens
-    fixed = torch.zeros_like(x_init, dtype=torch.bool)
-    fixed[:, columns] = True
-    return Imputation(x_init, fixed, tuple(str(g) for g in genes))
+from sedd.request.imputation import Imputation
 
 
 @dataclass(frozen=True)
@@ -203,7 +161,8 @@ class GenerationRequest:
 
 
 def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
-    """One row per cell to generate, in cell order, named ``<run id>-<cell index>``.
+    """One row per cell to generate, in cell order, named ``<run id>-<cell index>`` (imputed
+    cells keep the input's names).
 
     Columns: the label under each of ``config.label_columns`` (conditional models: ``condition``,
     the training key such as ``bulk_labels``, ``perturbation`` for perturbation models),
@@ -227,21 +186,26 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         loaded.cell_type_index(request.cell_type)
     n = request.cells_per_condition
     cell_index = np.arange(n * max(len(conditions), 1))
-    plan = pd.DataFrame(index=[f"{run_id(loaded, request)}-{i}" for i in cell_index])
-    if conditional:
-        names = pd.Series(np.repeat(conditions, n), index=plan.index)
-        for column in loaded.config.label_columns:
-            plan[column] = names
-        plan["condition_idx"] = [known.index(p) if p in known else -1 for p in names]
-        # a condition may be listed more than once: number its cells on
-        plan["sample_idx"] = names.groupby(names, sort=False).cumcount()
+    imputed = request.imputation
+    if imputed is not None and imputed.obs_names is not None:
+        names = list(imputed.obs_names)  # the input's cells keep their names
     else:
-        plan["sample_idx"] = cell_index
+        names = [f"{run_id(loaded, request)}-{i}" for i in cell_index]
+    frame = pd.DataFrame(index=pd.Index(names, dtype=object))
+    if conditional:
+        labels = pd.Series(np.repeat(conditions, n), index=frame.index)
+        for column in loaded.config.label_columns:
+            frame[column] = labels
+        frame["condition_idx"] = [known.index(p) if p in known else -1 for p in labels]
+        # a condition may be listed more than once: number its cells on
+        frame["sample_idx"] = labels.groupby(labels, sort=False).cumcount()
+    else:
+        frame["sample_idx"] = cell_index
     if request.cell_type is not None:
-        plan["cell_type"] = request.cell_type
-    plan["seed"] = request.seed
-    plan["cell_index"] = cell_index
-    return plan
+        frame["cell_type"] = request.cell_type
+    frame["seed"] = request.seed
+    frame["cell_index"] = cell_index
+    return frame
 
 
 def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
@@ -273,41 +237,68 @@ def plan_labels(
     )
 
 
-def job_for(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    plan: pd.DataFrame,
-    cells: range | None = None,
-    *,
-    deadline: float | None = None,
-) -> EngineJob:
-    """The engine job for ``cells`` (default all) of ``request``'s ``plan``: cell i draws from
-    stream (seed, i), i its number in the whole request."""
-    cells = range(len(plan)) if cells is None else cells
-    if cells.start < 0 or cells.stop > len(plan) or len(cells) == 0:
-        raise ValueError(f"cells {cells} must be a non-empty part of the {len(plan)} planned.")
-    labels, cell_types = plan_labels(loaded, plan.iloc[cells.start : cells.stop], "cpu")
-    imputed = request.imputation
-    return EngineJob(
-        num_cells=len(cells),
-        steps=request.steps,
-        grid=request.grid,
-        sampler=request.sampler,
-        temperature=request.temperature,
-        seed=request.seed,
-        first_cell=cells.start,
-        labels=labels,
-        cell_types=cell_types,
-        x_init=None if imputed is None else imputed.x_init[cells.start : cells.stop],
-        fixed=None if imputed is None else imputed.fixed[cells.start : cells.stop],
-        deadline=deadline,
-    )
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A validated request and its cells, planned once (``plan``).
+
+    ``cells`` has one row per cell, in cell order (``cell_plan``'s columns); ``job`` and
+    ``jobs`` turn ranges of them into engine jobs: cell i draws from stream (seed, i), i its
+    number in the whole request.
+    """
+
+    loaded: LoadedModel
+    request: GenerationRequest
+    cells: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def job(self, cells: range | None = None, *, deadline: float | None = None) -> EngineJob:
+        """The engine job for ``cells`` (default all)."""
+        cells = range(len(self)) if cells is None else cells
+        if cells.start < 0 or cells.stop > len(self) or len(cells) == 0:
+            raise ValueError(f"cells {cells} must be a non-empty part of the {len(self)} planned.")
+        labels, cell_types = plan_labels(
+            self.loaded, self.cells.iloc[cells.start : cells.stop], "cpu"
+        )
+        request, imputed = self.request, self.request.imputation
+        return EngineJob(
+            num_cells=len(cells),
+            steps=request.steps,
+            grid=request.grid,
+            sampler=request.sampler,
+            temperature=request.temperature,
+            seed=request.seed,
+            first_cell=cells.start,
+            labels=labels,
+            cell_types=cell_types,
+            x_init=None if imputed is None else imputed.x_init[cells.start : cells.stop],
+            fixed=None if imputed is None else imputed.fixed[cells.start : cells.stop],
+            deadline=deadline,
+        )
+
+    def jobs(self, cells: range | None = None) -> Iterator[tuple[range, EngineJob]]:
+        """``request.batch_size`` cells at a time: (cell numbers, job), built as they are needed."""
+        cells = range(len(self)) if cells is None else cells
+        if cells.start < 0 or cells.stop > len(self):
+            raise ValueError(f"cells {cells} are outside the request's 0..{len(self)} cells.")
+        size = self.request.batch_size
+        for lo in range(cells.start, cells.stop, size):
+            batch = range(lo, min(lo + size, cells.stop))
+            yield batch, self.job(batch)
+
+    def var(self) -> pd.DataFrame:
+        """The output's ``var``: the model's genes, and ``observed`` when imputing."""
+        genes = list(self.loaded.config.genes)
+        var = pd.DataFrame(index=pd.Index(genes, dtype=object))
+        if self.request.imputation is not None:
+            var["observed"] = self.request.imputation.observed(genes)
+        return var
 
 
-def jobs_for(
-    loaded: LoadedModel, request: GenerationRequest, plan: pd.DataFrame, cells: range
-) -> Iterator[tuple[range, EngineJob]]:
-    """``request.batch_size`` cells at a time: (cell numbers, job), built as they are needed."""
-    for lo in range(cells.start, cells.stop, request.batch_size):
-        batch = range(lo, min(lo + request.batch_size, cells.stop))
-        yield batch, job_for(loaded, request, plan, batch)
+def plan(loaded: LoadedModel, request: GenerationRequest) -> Plan:
+    """The one planning call: ``request`` validated, its names checked against ``loaded`` and
+    its cells numbered. Raises ``ValueError`` (``UnknownLabelError`` for an unknown name, with
+    close matches) naming the field."""
+    request.validate()
+    return Plan(loaded, request, cell_plan(loaded, request))

@@ -18,7 +18,12 @@ def run_provenance(
     stats: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad)."""
+    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad);
+    imputations also record how many genes were observed and which were dropped."""
+    imputed = request.imputation
+    if imputed is not None:
+        observed = {"observed_genes": len(imputed.genes), "dropped_genes": imputed.dropped_genes}
+        extra = {"imputation": observed, **(extra or {})}
     return provenance_uns(
         sampler=request.sampler,
         steps=request.steps,

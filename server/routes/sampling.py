@@ -93,7 +93,7 @@ async def _stream(
     summary="Generate whole cells",
 )
 async def generate(body: GenerateRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_generate(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/generate", encoding.generate_body)
 
 
@@ -106,7 +106,7 @@ async def generate(body: GenerateRequest, service: ServiceDep, request: Request)
 async def generate_stream(
     body: GenerateRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_generate(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/generate/stream", encoding.generate_body)
 
 
@@ -117,7 +117,7 @@ async def generate_stream(
     summary="Predict perturbation responses",
 )
 async def predict(body: PredictRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_predict(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/predict", encoding.predict_body)
 
 
@@ -130,7 +130,7 @@ async def predict(body: PredictRequest, service: ServiceDep, request: Request) -
 async def predict_stream(
     body: PredictRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_predict(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/predict/stream", encoding.predict_body)
 
 
@@ -141,7 +141,7 @@ async def predict_stream(
     summary="Sample the genes a cell's given counts leave out",
 )
 async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_impute(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/impute", encoding.impute_body)
 
 
@@ -154,5 +154,5 @@ async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> 
 async def impute_stream(
     body: ImputeRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_impute(service.loaded, service.settings, body)
+    planned = planning.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/impute/stream", encoding.impute_body)

@@ -1,0 +1,112 @@
+"""What a body's ``to_request`` needs beyond the body: the server's limits, and the model's names
+checked with errors that name the field (``FieldError``).
+
+The names follow the library's rules (``sedd.request.conditions``, ``sedd.request.imputation``),
+so a request numbers and conditions its cells as the Python API and ``sedd generate`` do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.io.tokens import CountClipWarning, CountRangeError
+from sedd.request.conditions import perturbation_conditions, single_condition
+from sedd.request.imputation import Imputation, NoKnownGenesError, imputation_from_counts
+from server.config import Settings
+from server.errors import FieldError
+
+
+def check_steps(settings: Settings, steps: int) -> None:
+    if steps > settings.max_steps:
+        raise FieldError(
+            ["body", "steps"],
+            f"Input should be less than or equal to {settings.max_steps} (max_steps)",
+            type="less_than_equal",
+            input=steps,
+            ctx={"le": settings.max_steps},
+        )
+
+
+def check_cells(settings: Settings, cells: int, loc: str) -> None:
+    limit = settings.max_cells_per_request
+    if cells > limit:
+        raise FieldError(
+            ["body", loc],
+            f"the request asks for {cells} cells; the limit is {limit} (max_cells_per_request)",
+            type="less_than_equal",
+            input=cells,
+            ctx={"le": limit},
+        )
+
+
+def one_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
+    """The single condition of /generate and /impute: the control when none is given."""
+    try:
+        return single_condition(loaded, given)
+    except ValueError as err:
+        raise FieldError(["body", "condition"], str(err), input=given) from None
+
+
+def predicted_conditions(
+    loaded: LoadedModel, perturbations: Sequence[str], include_control: bool
+) -> tuple[str, ...]:
+    """The library's rule (``perturbation_conditions``: control first, duplicates dropped), so
+    a /predict request numbers its cells as ``sedd predict`` and ``Model.predict`` do."""
+    if not loaded.conditional:
+        raise FieldError(
+            ["body", "perturbations"],
+            "this model is unconditional: it has no perturbations to predict; use /generate",
+            input=list(perturbations),
+        )
+    if include_control and loaded.config.control_label is None:
+        raise FieldError(
+            ["body", "include_control"],
+            "this model has no control label; set `include_control` to false",
+            input=True,
+        )
+    try:
+        names = perturbation_conditions(loaded, perturbations, include_control=include_control)
+    except UnknownLabelError as err:
+        at = perturbations.index(err.name) if err.name in perturbations else None
+        raise FieldError(
+            ["body", "perturbations"] + ([] if at is None else [at]),
+            str(err),
+            type="unknown_perturbation",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
+    except ValueError as err:  # only the control was listed, and include_control removes it
+        raise FieldError(["body", "include_control"], str(err), input=False) from None
+    return tuple(names)
+
+
+def imputation(
+    loaded: LoadedModel, genes: Sequence[str], counts: Sequence[Sequence[int]], clip: bool
+) -> Imputation:
+    """The library's imputation of a body's counts: genes the model does not have are dropped
+    and reported, as ``sedd impute`` does."""
+    try:
+        with warnings.catch_warnings():  # the client asked for clipping: no server log line
+            warnings.simplefilter("ignore", CountClipWarning)
+            matrix = np.asarray(counts, dtype=np.int64)
+            return imputation_from_counts(loaded, genes, matrix, clip=clip)
+    except NoKnownGenesError as err:
+        raise FieldError(
+            ["body", "genes"],
+            f"{err} GET /v1/models lists them.",
+            type="unknown_gene",
+            input=list(genes[:5]),
+        ) from None
+    except CountRangeError as err:
+        raise FieldError(
+            ["body", "counts"],
+            str(err),
+            type="count_out_of_range",
+            ctx={"max_count": loaded.config.tokens.max_count},
+        ) from None
+    except ValueError as err:  # a model without a mask
+        raise FieldError(["body", "genes"], str(err), input=None) from None
