@@ -27,8 +27,13 @@ from sedd.defaults import TimeGrid, default_device
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
-from sedd.request.conditions import perturbation_conditions, single_condition
-from sedd.request.imputation import Imputation, dropped_genes_warning, imputation_from_anndata
+from sedd.request.conditions import perturbation_conditions
+from sedd.request.imputation import (
+    Imputation,
+    dropped_genes_warning,
+    imputation_conditions,
+    imputation_from_anndata,
+)
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan
 from sedd.request.provenance import run_provenance
 
@@ -208,6 +213,7 @@ class Model:
         *,
         layer: str | None = None,
         condition: str | None = None,
+        condition_key: str | None = None,
         cell_type: str | None = None,
         steps: int | None = None,
         time_grid: TimeGrid | None = None,
@@ -223,9 +229,14 @@ class Model:
 
         Genes are matched by name: genes the model does not have are reported (a warning) and
         dropped; model genes ``adata`` lacks are sampled. Counts come from ``.X`` or ``layer``
-        and must be integers (``clip=True`` clips counts above the vocabulary). Conditional
-        models impute under ``condition`` (default: the control). The result has the input's
-        cell names and ``var["observed"]``.
+        and must be integers (``clip=True`` clips counts above the vocabulary).
+
+        Conditional models impute each cell under its own label from the obs column
+        ``condition_key``, or all under ``condition``; with neither, under each cell's label in
+        the model's training key (e.g. ``bulk_labels``) when ``adata`` has that column (a
+        warning says so), else under the control. The result keeps the input's cell names and
+        every obs column (one we also write, with other values, as ``input_<name>``), and has
+        ``var["observed"]``. Same cells as ``sedd impute`` for the same parameters.
         """
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
         dropped_genes_warning(imputation)
@@ -233,8 +244,11 @@ class Model:
             steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
             batch_size=batch_size,
         )  # fmt: skip
-        conditions = single_condition(self.loaded, condition)
-        request = self._request(imputation.num_cells, conditions, cell_type, sampling, imputation)
+        conditions, counts = imputation_conditions(
+            self.loaded, imputation, condition, condition_key
+        )
+        cells = imputation.num_cells if counts is None else 1
+        request = self._request(cells, conditions, cell_type, sampling, imputation, counts)
         return self._run(request, progress)
 
     def _request(
@@ -244,12 +258,13 @@ class Model:
         cell_type: str | None,
         sampling: SamplingOptions,
         imputation: Imputation | None = None,
+        condition_counts: Sequence[int] | None = None,
     ) -> GenerationRequest:
         """The library's one request type, with this model's forward block."""
         return GenerationRequest.of(
             cells_per_condition, conditions, cell_type, sampling,
             tokens_per_forward=self.tokens_per_forward, cuda_graphs=self.cuda_graphs,
-            imputation=imputation,
+            imputation=imputation, condition_counts=condition_counts,
         )  # fmt: skip
 
     def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:

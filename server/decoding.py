@@ -15,7 +15,12 @@ import numpy as np
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.io.tokens import CountClipWarning, CountRangeError
 from sedd.request.conditions import perturbation_conditions, single_condition
-from sedd.request.imputation import Imputation, NoKnownGenesError, imputation_from_counts
+from sedd.request.imputation import (
+    Imputation,
+    NoKnownGenesError,
+    imputation_from_counts,
+    label_runs,
+)
 from server.config import Settings
 from server.errors import FieldError
 
@@ -49,6 +54,31 @@ def one_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | N
         return single_condition(loaded, given)
     except ValueError as err:
         raise FieldError(["body", "condition"], str(err), input=given) from None
+
+
+def cell_conditions(loaded: LoadedModel, names: Sequence[str]) -> tuple[list[str], list[int]]:
+    """One condition per cell, checked, as the runs a request takes (``label_runs``)."""
+    if not loaded.conditional:
+        raise FieldError(
+            ["body", "cell_conditions"],
+            "this model is unconditional: leave out `cell_conditions`",
+            input=list(names[:5]),
+        )
+    first: dict[str, int] = {}  # each name's first cell
+    for i, name in enumerate(names):
+        first.setdefault(name, i)
+    for name, i in first.items():
+        try:
+            loaded.perturbation_labels([name])
+        except UnknownLabelError as err:
+            raise FieldError(
+                ["body", "cell_conditions", i],
+                str(err),
+                type=f"unknown_{err.kind.replace(' ', '_')}",
+                input=name,
+                ctx={"suggestions": err.suggestions},
+            ) from None
+    return label_runs(names)
 
 
 def predicted_conditions(

@@ -167,7 +167,14 @@ class ImputeRequest(SamplingOptions):
     counts: list[list[Count]] = Field(
         min_length=1, max_length=HARD_MAX_CELLS, description="one row per cell, one per gene"
     )
-    condition: Name | None = None
+    condition: Name | None = Field(
+        default=None, description="condition of every cell; default: the model's control label"
+    )
+    cell_conditions: list[Name] | None = Field(
+        default=None,
+        max_length=HARD_MAX_CELLS,
+        description="a condition per cell (one per row of `counts`), instead of `condition`",
+    )
     cell_type: Name | None = None
     clip: bool = Field(
         default=False,
@@ -183,12 +190,25 @@ class ImputeRequest(SamplingOptions):
                 raise ValueError(
                     f"`counts` row {i} has {len(row)} values but `genes` names {len(self.genes)}"
                 )
+        per_cell = self.cell_conditions
+        if per_cell is not None and len(per_cell) != len(self.counts):
+            raise ValueError(
+                f"`cell_conditions` names {len(per_cell)} conditions but `counts` has "
+                f"{len(self.counts)} cells: give one per cell"
+            )
+        if per_cell is not None and self.condition is not None:
+            raise ValueError("pass `condition` or `cell_conditions`, not both")
         return self
 
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
         sampling = self.to_sampling(settings)
         decoding.check_cells(settings, len(self.counts), "counts")
         imputation = decoding.imputation(loaded, self.genes, self.counts, self.clip)
+        if self.cell_conditions is not None:
+            names, counts = decoding.cell_conditions(loaded, self.cell_conditions)
+            return GenerationRequest.of(
+                1, names, self.cell_type, sampling, imputation=imputation, condition_counts=counts
+            )
         condition = decoding.one_condition(loaded, self.condition)
         return GenerationRequest.of(
             imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation

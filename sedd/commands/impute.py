@@ -20,8 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--data", type=Path, metavar="FILE", help=".h5ad with integer counts")
     where.add_argument("input", type=Path, nargs="?", metavar="INPUT", help="the same as --data")
     p.add_argument("--layer", help="read counts from this layer instead of .X")
-    p.add_argument(
-        "--condition", metavar="NAME", help="condition of every cell (default: the control)"
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--condition",
+        metavar="NAME",
+        help="condition of every cell (default: each cell's label in the model's training key "
+        "when the data has that obs column, else the control)",
+    )
+    which.add_argument(
+        "--condition-key",
+        metavar="COLUMN",
+        help="obs column giving each cell its own condition (scvi-tools' labels_key)",
     )
     p.add_argument("--clip", action="store_true", help="clip counts above the model's vocabulary")
     add_model_arguments(p)
@@ -34,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import request_from_args, run_request
     from sedd.io.files import check_writable
-    from sedd.request.conditions import single_condition
-    from sedd.request.imputation import dropped_genes_warning, imputation_from_anndata
+    from sedd.request.imputation import (
+        dropped_genes_warning,
+        imputation_conditions,
+        imputation_from_anndata,
+    )
 
     data = args.data or args.input
     if not data.is_file():
@@ -44,11 +56,15 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_from_args(args)
     imputation = imputation_from_anndata(loaded, data, layer=args.layer, clip=args.clip)
     dropped_genes_warning(imputation)
+    conditions, counts = imputation_conditions(
+        loaded, imputation, args.condition, args.condition_key
+    )
     request = request_from_args(
         args,
-        cells_per_condition=imputation.num_cells,
-        conditions=single_condition(loaded, args.condition),
+        cells_per_condition=imputation.num_cells if counts is None else 1,
+        conditions=conditions,
         imputation=imputation,
+        condition_counts=counts,
     )
     run_request(loaded, request, args)
     return 0

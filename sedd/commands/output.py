@@ -51,6 +51,7 @@ def request_from_args(
     cells_per_condition: int,
     conditions: list[str] | tuple[str, ...] | None,
     imputation: Imputation | None = None,
+    condition_counts: tuple[int, ...] | None = None,
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe."""
     sampling = SamplingOptions.resolve(
@@ -61,6 +62,7 @@ def request_from_args(
         cells_per_condition, conditions, args.cell_type, sampling,
         tokens_per_forward=getattr(args, "tokens_per_forward", None),
         cuda_graphs=getattr(args, "cuda_graphs", None), imputation=imputation,
+        condition_counts=condition_counts,
     )  # fmt: skip
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anndata
+import pandas as pd
 import torch
 
 from sedd.checkpoints import LoadedModel
 from sedd.io.read import read_counts, require_unique
 from sedd.io.tokens import CountMatrix, counts_to_tokens
+from sedd.request.conditions import single_condition
 
 
 class NoKnownGenesError(ValueError):
@@ -31,15 +33,15 @@ class Imputation:
 
     ``x_init`` (N, G) holds the observed tokens and the mask elsewhere; ``fixed`` (N, G) marks
     the observed positions; ``genes`` are the observed genes, as given, and ``dropped_genes``
-    those given that the model does not have. ``obs_names`` (when the input named its cells)
-    name the output's cells. CPU tensors.
+    those given that the model does not have. ``obs`` (when the input is an AnnData) is its
+    ``obs``: the output's cells keep its names and columns. CPU tensors.
     """
 
     x_init: torch.Tensor  # (N, G) long
     fixed: torch.Tensor  # (N, G) bool
     genes: tuple[str, ...]
     dropped_genes: tuple[str, ...] = ()
-    obs_names: tuple[str, ...] | None = None
+    obs: pd.DataFrame | None = None
 
     @property
     def num_cells(self) -> int:
@@ -57,7 +59,7 @@ def imputation_from_counts(
     counts: CountMatrix,
     *,
     clip: bool = False,
-    obs_names: Sequence[str] | None = None,
+    obs: pd.DataFrame | None = None,
     source: str = "the {n} genes",
 ) -> Imputation:
     """The ``Imputation`` of ``counts`` (N, K) observed for ``genes`` (K names); ``source``
@@ -90,8 +92,9 @@ def imputation_from_counts(
     fixed = torch.zeros_like(x_init, dtype=torch.bool)
     fixed[:, columns] = True
     dropped = tuple(gene for gene in names if gene not in positions)
-    cell_names = None if obs_names is None else tuple(str(c) for c in obs_names)
-    return Imputation(x_init, fixed, tuple(observed), dropped, cell_names)
+    if obs is not None and len(obs) != given.n_cells:  # a bug, not a user error
+        raise ValueError(f"obs has {len(obs)} rows for {given.n_cells} cells.")
+    return Imputation(x_init, fixed, tuple(observed), dropped, obs)
 
 
 def imputation_from_anndata(
@@ -101,13 +104,13 @@ def imputation_from_anndata(
     layer: str | None = None,
     clip: bool = False,
 ) -> Imputation:
-    """Read integer counts from ``data`` (``.X`` or ``layer``); genes matched by var_names,
-    cells named by its obs_names."""
+    """Read integer counts from ``data`` (``.X`` or ``layer``); genes matched by var_names;
+    the output keeps its cells' names and obs columns."""
     adata = read_counts(data, layer=layer)
     names = [str(g) for g in adata.var_names]
     require_unique(names, "the data's var_names")
     return imputation_from_counts(
-        loaded, names, adata.X, clip=clip, obs_names=list(adata.obs_names),
+        loaded, names, adata.X, clip=clip, obs=adata.obs,
         source="the data's {n} genes (var_names)",
     )  # fmt: skip
 
@@ -122,3 +125,72 @@ def dropped_genes_warning(imputation: Imputation) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def label_runs(labels: Sequence[str]) -> tuple[list[str], list[int]]:
+    """Per-cell labels as runs: (names, counts), e.g. A A B A -> ([A, B, A], [2, 1, 1]), the
+    form a request takes one condition per cell in (``GenerationRequest.condition_counts``)."""
+    names: list[str] = []
+    counts: list[int] = []
+    for label in labels:
+        if names and names[-1] == label:
+            counts[-1] += 1
+        else:
+            names.append(str(label))
+            counts.append(1)
+    return names, counts
+
+
+class ImputationConditionNote(UserWarning):
+    """Which obs column the imputed cells' conditions came from, when none was named."""
+
+
+def imputation_conditions(
+    loaded: LoadedModel,
+    imputation: Imputation,
+    condition: str | None = None,
+    condition_key: str | None = None,
+) -> tuple[tuple[str, ...] | None, tuple[int, ...] | None]:
+    """(conditions, condition_counts) for a request imputing ``imputation``'s cells.
+
+    ``condition``: one condition for every cell. ``condition_key``: an obs column of the input
+    giving each cell its own. Neither: the model's training key (``label_key``) when the input
+    has that column (with an ``ImputationConditionNote`` saying so), else the control.
+    """
+    if condition is not None and condition_key is not None:
+        raise ValueError(
+            f"pass `condition` ({condition!r}) or `condition_key` ({condition_key!r}), not both."
+        )
+    obs = imputation.obs
+    key = condition_key
+    if key is None and condition is None and loaded.conditional and obs is not None:
+        training_key = loaded.config.label_key
+        if training_key is not None and training_key in obs.columns:
+            key = training_key
+            warnings.warn(
+                f"imputing each cell under its own {key!r} label (the model's training key); "
+                "pass condition=NAME (--condition) for one condition for all.",
+                ImputationConditionNote,
+                stacklevel=3,
+            )
+    if key is None:
+        return single_condition(loaded, condition), None
+    if not loaded.conditional:
+        raise ValueError(
+            f"`condition_key` must be left out: this model is unconditional, got {key!r}."
+        )
+    if obs is None or key not in obs.columns:
+        columns = [] if obs is None else [str(c) for c in obs.columns]
+        raise ValueError(
+            f"`condition_key` {key!r} is not a column of the data's obs (columns: "
+            f"{', '.join(columns[:10]) or 'none'}); pass one of them."
+        )
+    labels = obs[key]
+    if labels.isna().any():
+        first = str(obs.index[labels.isna().to_numpy()][0])
+        raise ValueError(
+            f"`condition_key` {key!r} has no label for cell {first!r}; fill it or pass "
+            "`condition` for one condition for all."
+        )
+    names, counts = label_runs([str(v) for v in labels])
+    return tuple(names), tuple(counts)

@@ -61,10 +61,12 @@ class SamplingOptions:
 class GenerationRequest:
     """What to generate: the one request type of the API, the CLI, shard jobs and the server.
 
-    ``conditions`` are perturbation names (conditional models only); a name listed k times gets
-    k x ``cells_per_condition`` cells. ``imputation`` (one condition only) holds observed counts
-    that every cell keeps; its cells are its rows. ``batch_size`` is the number of cells per
-    model forward (rounded up to whole forward blocks); it never changes a cell.
+    ``conditions`` are condition names (conditional models only), generated in order; each gets
+    ``cells_per_condition`` cells, or, when ``condition_counts`` is given (a label mix, or one
+    condition per imputed cell as runs), its own count. A name listed k times gets k runs of
+    cells, numbered on. ``imputation`` holds observed counts that every cell keeps; its cells are
+    its rows, as many as the request's cells. ``batch_size`` is the number of cells per model
+    forward (rounded up to whole forward blocks); it never changes a cell.
     """
 
     cells_per_condition: int
@@ -83,6 +85,7 @@ class GenerationRequest:
     # never changes a cell, so it is not part of the request's record or identity
     cuda_graphs: bool | None = field(default=None, compare=False)
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
+    condition_counts: tuple[int, ...] | None = None  # cells of each of `conditions`
 
     @classmethod
     def of(
@@ -95,9 +98,11 @@ class GenerationRequest:
         tokens_per_forward: int | None = None,
         cuda_graphs: bool | None = None,
         imputation: Imputation | None = None,
+        condition_counts: Sequence[int] | None = None,
     ) -> GenerationRequest:
         """The request every front door builds: what to generate, sampled as ``sampling`` says."""
         return cls(
+            condition_counts=None if condition_counts is None else tuple(condition_counts),
             cells_per_condition=cells_per_condition,
             conditions=tuple(conditions) if conditions else None,
             cell_type=cell_type,
@@ -106,6 +111,17 @@ class GenerationRequest:
             cuda_graphs=cuda_graphs,
             imputation=imputation,
         )
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Cells of each condition, in order (one entry for an unconditional request)."""
+        if self.condition_counts is not None:
+            return self.condition_counts
+        return (self.cells_per_condition,) * max(len(self.conditions or ()), 1)
+
+    @property
+    def num_cells(self) -> int:
+        return sum(self.counts)
 
     @property
     def sampling(self) -> SamplingOptions:
@@ -129,15 +145,17 @@ class GenerationRequest:
         if self.grid not in TIME_GRIDS:
             grids = ", ".join(TIME_GRIDS)
             raise ValueError(f"`time_grid` must be one of {grids}, got {self.grid!r}.")
-        imputed = self.imputation
-        if imputed is not None and imputed.num_cells != self.cells_per_condition:
+        counts = self.condition_counts
+        if counts is not None and (len(counts) != len(self.conditions or ()) or min(counts) < 1):
             raise ValueError(
-                f"`cells_per_condition` must equal the imputation's {imputed.num_cells} cells, "
-                f"got {self.cells_per_condition}."
+                f"`condition_counts` must give a count >= 1 for each of the "
+                f"{len(self.conditions or ())} conditions, got {list(counts)}."
             )
-        if imputed is not None and len(self.conditions or ()) > 1:
+        imputed = self.imputation
+        if imputed is not None and imputed.num_cells != self.num_cells:
             raise ValueError(
-                f"`conditions` must name one condition when imputing, got {self.conditions}."
+                f"the request's cells must equal the imputation's {imputed.num_cells} cells "
+                f"(one per observed cell), got {self.num_cells}."
             )
 
     def record(self) -> dict[str, object]:
@@ -155,6 +173,8 @@ class GenerationRequest:
         }
         if self.grid != "uniform":  # uniform runs keep the identity (run id, shards) they had
             out["time_grid"] = self.grid
+        if self.condition_counts is not None:  # absent otherwise: earlier identities hold
+            out["condition_counts"] = list(self.condition_counts)
         if self.imputation is not None:
             out["imputed_from_genes"] = list(self.imputation.genes)
         return out
@@ -184,16 +204,15 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
     if request.cell_type is not None:
         loaded.cell_type_index(request.cell_type)
-    n = request.cells_per_condition
-    cell_index = np.arange(n * max(len(conditions), 1))
+    cell_index = np.arange(request.num_cells)
     imputed = request.imputation
-    if imputed is not None and imputed.obs_names is not None:
-        names = list(imputed.obs_names)  # the input's cells keep their names
+    if imputed is not None and imputed.obs is not None:
+        names = [str(c) for c in imputed.obs.index]  # the input's cells keep their names
     else:
         names = [f"{run_id(loaded, request)}-{i}" for i in cell_index]
     frame = pd.DataFrame(index=pd.Index(names, dtype=object))
     if conditional:
-        labels = pd.Series(np.repeat(conditions, n), index=frame.index)
+        labels = pd.Series(np.repeat(conditions, request.counts), index=frame.index)
         for column in loaded.config.label_columns:
             frame[column] = labels
         frame["condition_idx"] = [known.index(p) if p in known else -1 for p in labels]
@@ -205,7 +224,28 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         frame["cell_type"] = request.cell_type
     frame["seed"] = request.seed
     frame["cell_index"] = cell_index
+    if imputed is not None and imputed.obs is not None:
+        frame = _with_input_columns(frame, imputed.obs)
     return frame
+
+
+def _with_input_columns(frame: pd.DataFrame, given: pd.DataFrame) -> pd.DataFrame:
+    """The input's obs columns first, then ours; an input column whose name we use with other
+    values is kept as ``input_<name>``."""
+    kept = {}
+    for column in given.columns:
+        values = given[column].to_numpy()
+        name = str(column)
+        if name in frame.columns:
+            ours = frame[name].to_numpy()
+            if len(ours) == len(values) and (ours.astype(str) == values.astype(str)).all():
+                continue  # the same labels: ours stand for both
+            name = f"input_{name}"
+        kept[name] = values
+    merged = pd.DataFrame(kept, index=frame.index)
+    for column in frame.columns:  # by position: input cell names may repeat
+        merged[column] = frame[column].to_numpy()
+    return merged
 
 
 def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
