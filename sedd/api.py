@@ -27,7 +27,7 @@ from sedd.defaults import TimeGrid, default_device
 from sedd.diffusion.sampling import Predictor
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
-from sedd.request.conditions import perturbation_conditions
+from sedd.request.conditions import label_mix, perturbation_conditions
 from sedd.request.imputation import (
     Imputation,
     dropped_genes_warning,
@@ -143,9 +143,11 @@ class Model:
 
     def generate(
         self,
-        num_cells: int,
+        num_cells: int | None = None,
         *,
         condition: str | Sequence[str] | None = None,
+        like: anndata.AnnData | str | Path | None = None,
+        condition_key: str | None = None,
         cell_type: str | None = None,
         steps: int | None = None,
         time_grid: TimeGrid | None = None,
@@ -164,16 +166,27 @@ class Model:
         ``time_grid``, ``sampler``, ``temperature``, ``seed`` and ``batch_size``.
 
         ``condition``: a name or a list of names (conditional models only); ``None`` means every
-        condition the model knows. Same cells as ``sedd generate --conditions ... --cells N
-        --seed S`` and the server's ``/generate`` for the same parameters.
+        condition the model knows. ``like``: instead of ``num_cells`` and ``condition``, an
+        AnnData (or .h5ad path) whose label mix to copy: as many cells of each label as it has
+        in obs column ``condition_key`` (default: the model's training key). Same cells as
+        ``sedd generate --conditions ... --cells N --seed S`` (``--like FILE``) and the server's
+        ``/generate`` for the same parameters.
         """
-        names = [condition] if isinstance(condition, str) else condition
-        if names is None and self.loaded.conditional:
-            names = self.conditions
         sampling = sampling or SamplingOptions.resolve(
             steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
             batch_size=batch_size,
         )  # fmt: skip
+        if like is not None:
+            if num_cells is not None or condition is not None:
+                raise ValueError("pass `like` or `num_cells`/`condition`, not both.")
+            names, counts = label_mix(self.loaded, like, condition_key)
+            request = self._request(1, names, cell_type, sampling, condition_counts=counts)
+            return self._run(request, progress)
+        if num_cells is None:
+            raise ValueError("`num_cells` must be given (cells per condition), or `like`.")
+        names = [condition] if isinstance(condition, str) else condition
+        if names is None and self.loaded.conditional:
+            names = self.conditions
         return self._run(self._request(num_cells, names, cell_type, sampling), progress)
 
     def predict(

@@ -77,11 +77,11 @@ def test_without_a_key_the_training_key_is_used_and_said(model: sedd.Model, real
 def test_bad_keys_are_one_line_errors(model: sedd.Model, real: ad.AnnData):
     with pytest.raises(ValueError, match=r"`condition_key` 'cell_type' is not a column .*bulk"):
         model.impute(real, condition_key="cell_type", steps=2)
-    with pytest.raises(ValueError, match="pass `condition` .* or `condition_key`"):
+    with pytest.raises(ValueError, match=r"pass `condition` .* or `condition_key`"):
         model.impute(real, condition="Dendritic", condition_key="bulk_labels", steps=2)
     odd = real.copy()
     odd.obs["bulk_labels"] = odd.obs["bulk_labels"].astype(str).replace("Dendritic", "Dendrtic")
-    with pytest.raises(ValueError, match="unknown .*'Dendrtic'; did you mean 'Dendritic'"):
+    with pytest.raises(ValueError, match=r"unknown .*'Dendrtic'; did you mean 'Dendritic'"):
         model.impute(odd, condition_key="bulk_labels", steps=2)
 
 
@@ -94,9 +94,7 @@ def test_the_cli_gives_the_same_cells(model: sedd.Model, real: ad.AnnData, tmp_p
     cli = ad.read_h5ad(out)
     api = model.impute(real, condition_key="bulk_labels", steps=2, seed=3)
     np.testing.assert_array_equal(dense(cli.X), dense(api.X))
-    pd.testing.assert_frame_equal(
-        cli.obs.astype(str), api.obs.astype(str), check_categorical=False
-    )
+    pd.testing.assert_frame_equal(cli.obs.astype(str), api.obs.astype(str), check_categorical=False)
     assert list(cli.var["observed"]) == list(api.var["observed"])
 
 

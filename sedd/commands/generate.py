@@ -27,11 +27,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="cells per condition, like HTTP's num_cells (default 10)",
     )
-    p.add_argument(
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
         "--conditions",
         nargs="+",
         metavar="NAME",
         help="condition names: cell types or perturbations (default: every one the model knows)",
+    )
+    which.add_argument(
+        "--like",
+        type=Path,
+        metavar="FILE",
+        help="an .h5ad whose label mix to copy: as many cells of each label as it has "
+        "(instead of --num-cells per condition)",
+    )
+    p.add_argument(
+        "--condition-key",
+        metavar="COLUMN",
+        help="with --like: the obs column of labels (default: the model's training key)",
     )
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/generated.h5ad"))
@@ -41,8 +54,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import request_from_args, run_request
+    from sedd.request.conditions import label_mix
 
+    if args.condition_key is not None and args.like is None:
+        raise ValueError("--condition-key names the label column of --like FILE; pass --like.")
     loaded = load_from_args(args)
+    if args.like is not None:
+        names, counts = label_mix(loaded, args.like, args.condition_key)
+        request = request_from_args(
+            args, cells_per_condition=1, conditions=names, condition_counts=tuple(counts)
+        )
+        run_request(loaded, request, args)
+        return 0
     conditions = args.conditions
     if conditions is None and loaded.conditional:
         conditions = loaded.conditions

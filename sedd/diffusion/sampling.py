@@ -13,8 +13,8 @@ The reverse step from time t to s < t (per row) at the positions that can still 
 
 * Euler (Lou et al. 2024, eq. 17): p(x_s = y) = 1[y = x] + (t - s) sigma'(t) R_rev(x, y), with the
   reverse rate R_rev(x, y) = Q(y, x) s_theta(x)_y.
-* Analytic / Tweedie tau-leaping: p(x_s = y) = [exp(-dsigma Q) s_theta](y) * exp(dsigma Q)(x, y),
-  dsigma = sigma(t) - sigma(s).
+* Analytic / Tweedie tau-leaping:
+  p(x_s = y) = ``[exp(-dsigma Q) s_theta](y)`` * exp(dsigma Q)(x, y), dsigma = sigma(t) - sigma(s).
 * A row with s == 0 takes the final denoise: the analytic step at dsigma = sigma(t), with the
   absorbing mask removed from the candidates, so the mask is never emitted.
 

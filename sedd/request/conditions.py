@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import anndata
+
 from sedd.checkpoints import LoadedModel
 
 
@@ -81,3 +83,39 @@ def single_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] 
             "`condition` must be given: this model is conditional and has no control label."
         )
     return (name,)
+
+
+def label_mix(
+    loaded: LoadedModel, like: object, condition_key: str | None = None
+) -> tuple[list[str], list[int]]:
+    """(conditions, cells of each) as many as ``like`` has of each label: an AnnData (or an
+    .h5ad path, read without its counts) whose obs column ``condition_key`` (default: the
+    model's training key) labels its cells. Labels come in the model's order."""
+    if not loaded.conditional:
+        raise ValueError("`like` needs a conditional model: this one is unconditional.")
+    key = condition_key if condition_key is not None else loaded.config.label_key
+    if key is None:
+        raise ValueError("`condition_key` must be given: the model records no training key.")
+    if isinstance(like, (str, Path)):
+        path = Path(like)
+        if not path.is_file():
+            raise FileNotFoundError(f"`like` {path} is not a file; pass an .h5ad of cells.")
+        obs = anndata.read_h5ad(path, backed="r").obs
+    elif isinstance(like, anndata.AnnData):
+        obs = like.obs
+    else:
+        raise TypeError(f"`like` must be an AnnData or an .h5ad path, got {type(like).__name__}.")
+    if key not in obs.columns:
+        columns = ", ".join(str(c) for c in obs.columns[:10]) or "none"
+        raise ValueError(
+            f"`condition_key` {key!r} is not an obs column of `like` (columns: {columns})."
+        )
+    labels = obs[key].dropna().astype(str)
+    if labels.empty:
+        raise ValueError(f"`like` has no labelled cells in obs[{key!r}].")
+    counts = labels.value_counts()
+    order = {name: i for i, name in enumerate(loaded.conditions)}
+    names = sorted(counts.index, key=lambda name: (order.get(name, len(order)), name))
+    for name in names:
+        loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
+    return names, [int(counts[name]) for name in names]
