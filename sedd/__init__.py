@@ -4,24 +4,31 @@
     model = sedd.load()                     # the bundled PBMC model, or a path
     cells = model.generate(100, condition="CD14+ Monocyte", seed=0)   # AnnData
 
-``load`` and ``Model`` come from ``sedd.api``; they are imported on first use, so ``import sedd``
-(and the ``sedd`` command line) stays fast.
+``load``, ``Model`` and ``SamplingOptions`` come from ``sedd.api`` and ``sedd.request.plan``;
+they are imported on first use, so ``import sedd`` (and the ``sedd`` command line) stays fast.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from sedd.api import Model, load
+    from sedd.request.plan import SamplingOptions
 
 __version__ = "0.1.0"
-__all__ = ["Model", "__version__", "load"]
+__all__ = ["Model", "SamplingOptions", "__version__", "load"]
+_LAZY = {"load": "sedd.api", "Model": "sedd.api", "SamplingOptions": "sedd.request.plan"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("load", "Model"):
-        from sedd import api
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'sedd' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What ``dir(sedd)`` and tab completion show: the API, not the module's machinery."""
+    return sorted(__all__)

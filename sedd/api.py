@@ -21,7 +21,7 @@ from typing import Any
 import anndata
 import torch
 
-from sedd.batch.run import progress_bar, run_plan
+from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import TimeGrid, default_device
 from sedd.diffusion.sampling import Predictor
@@ -155,7 +155,7 @@ class Model:
         temperature: float = 1.0,
         seed: int = 0,
         batch_size: int = 64,
-        progress: bool = False,
+        progress: bool | None = None,
         sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """``num_cells`` cells per condition.
@@ -163,7 +163,9 @@ class Model:
         ``steps`` and ``time_grid`` left out give the library's default schedule; ``steps``
         alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``. A
         ``sampling`` value (``SamplingOptions.resolve(...)``), when given, replaces ``steps``,
-        ``time_grid``, ``sampler``, ``temperature``, ``seed`` and ``batch_size``.
+        ``time_grid``, ``sampler``, ``temperature``, ``seed`` and ``batch_size``. ``progress``:
+        a progress bar of whole cells (None: shown in notebooks, IPython and terminals; every
+        method takes it).
 
         ``condition``: a name or a list of names (conditional models only); ``None`` means every
         condition the model knows. ``like``: instead of ``num_cells`` and ``condition``, an
@@ -203,7 +205,7 @@ class Model:
         temperature: float = 1.0,
         seed: int = 0,
         batch_size: int = 64,
-        progress: bool = False,
+        progress: bool | None = None,
         sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """Cells under each perturbation, plus as many control cells (first) unless
@@ -235,7 +237,7 @@ class Model:
         seed: int = 0,
         batch_size: int = 64,
         clip: bool = False,
-        progress: bool = False,
+        progress: bool | None = None,
         sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
         """Sample the genes ``adata`` does not observe, keeping the counts it does.
@@ -280,9 +282,9 @@ class Model:
             imputation=imputation, condition_counts=condition_counts,
         )  # fmt: skip
 
-    def _run(self, request: GenerationRequest, progress: bool) -> anndata.AnnData:
+    def _run(self, request: GenerationRequest, progress: bool | None) -> anndata.AnnData:
         planned = plan(self.loaded, request)
-        if not progress:
+        if not (interactive() if progress is None else progress):
             result = run_plan(planned, self.policy)
         else:
             with progress_bar(len(planned), request.steps, "sampling") as on_progress:

@@ -185,3 +185,32 @@ def test_bundled_model_api_equals_sedd_generate(tmp_path: Path) -> None:
     np.testing.assert_array_equal(dense(cells.X), dense(anndata.read_h5ad(out).X))
     predicted = bundled.predict(["CD19+ B"], cells_per_perturbation=3, steps=5, seed=3)
     assert isinstance(predicted, anndata.AnnData) and predicted.shape == (6, 765)
+
+
+def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
+    assert dir(sedd) == ["Model", "SamplingOptions", "__version__", "load"]
+    import sedd.batch.run as run
+    from sedd.engine import JobProgress
+
+    class Bar:  # tqdm's interface as progress_bar uses it
+        def __init__(self, total: int, **_: object) -> None:
+            self.total, self.n, self.shown = total, 0, []
+
+        def __enter__(self) -> Bar:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def update(self, k: int) -> None:
+            self.n += k
+            self.shown.append(self.n)
+
+    bars: list[Bar] = []
+    monkeypatch.setattr(run, "tqdm", lambda **kw: bars.append(Bar(**kw)) or bars[-1])
+    with run.progress_bar(3, 4, "sampling") as hook:  # 3 cells x 5 moves each
+        for rows in (2, 2, 2, 3, 3, 3):
+            hook(JobProgress(step=1, steps=5, rows=rows, fraction_masked=0.5))
+    assert bars[0].total == 3 and bars[0].shown == [1, 2, 3]  # whole cells, never a fraction
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # a script logging to a file: no bar
+    assert run.interactive() is False

@@ -11,6 +11,7 @@ each is done;
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from tqdm.auto import tqdm
 
 from sedd.checkpoints import LoadedModel
 from sedd.diffusion.sampling import block_rows_for
-from sedd.engine import Engine, EngineJob, JobResult, run_jobs
+from sedd.engine import Engine, EngineJob, JobProgress, JobResult, run_jobs
 from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
@@ -142,14 +143,28 @@ def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, objec
 
 @contextmanager
 def progress_bar(num_cells: int, steps: int, desc: str) -> Iterator[ProgressHook]:
-    """A tqdm bar counting cells (fractions while a batch is mid-way); yields the engine's
-    progress hook. ``tqdm.auto``: a widget in notebooks, text in a terminal."""
-    scale = 1.0 / (steps + 1)  # one row moves (steps + 1) times: steps + final denoise
-    layout = (
-        "{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.0f} cells "
-        "[{elapsed}<{remaining}, {rate_fmt}]"
-    )
-    with tqdm(
-        total=num_cells * (steps + 1), unit="cell", unit_scale=scale, desc=desc, bar_format=layout
-    ) as bar:
-        yield lambda update: bar.update(update.rows)
+    """A tqdm bar counting whole cells (a cell counts once its work is done: rows move
+    ``steps + 1`` times each); yields the engine's progress hook. ``tqdm.auto``: a widget in
+    notebooks, text in a terminal."""
+    moves = steps + 1  # one row moves (steps + 1) times: steps + final denoise
+    done = 0
+    with tqdm(total=num_cells, unit="cell", desc=desc) as bar:
+
+        def hook(update: JobProgress) -> None:
+            nonlocal done
+            done += update.rows
+            whole = min(done // moves, num_cells)
+            if whole > bar.n:
+                bar.update(whole - bar.n)
+
+        yield hook
+
+
+def interactive() -> bool:
+    """True in a notebook or IPython, at a Python prompt, or with a terminal on stderr: where
+    the Python API shows progress bars unless ``progress=False``."""
+    ipython = sys.modules.get("IPython")
+    shell = getattr(ipython, "get_ipython", lambda: None)()
+    if shell is not None or hasattr(sys, "ps1"):
+        return True
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
