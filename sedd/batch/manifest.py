@@ -141,8 +141,9 @@ def claim_request_file(out_dir: Path, record: Mapping[str, Any]) -> dict[str, An
     if on_disk.get("identity_sha256") != record["identity_sha256"]:
         changes = describe_changes(on_disk.get("identity", {}), record["identity"])
         raise ShardOutputError(
-            f"{out_dir} holds results of a different request ({changes}). Use a new --out-dir, "
-            f"or delete {out_dir} to start over; mixing the two would give cells of two requests."
+            f"{out_dir} holds results of a different request ({changes}). Use a new output "
+            "directory (--out-dir; st3 scripts: --output_dir), or delete "
+            f"{out_dir} to start over; mixing the two would give cells of two requests."
         )
     return on_disk
 

@@ -230,7 +230,8 @@ def _complete_entry(job: ShardJob) -> dict[str, Any] | None:
         raise ShardOutputError(
             f"{entry_path} belongs to another request (identity "
             f"{str(entry.get('identity_sha256'))[:12]}, expected {job.identity_sha256[:12]}); "
-            f"delete {job.paths.out_dir} or use a new --out-dir."
+            f"delete {job.paths.out_dir} or use a new output directory (--out-dir; st3 scripts: "
+            "--output_dir)."
         )
     if h5ad.exists() and sha256_file(h5ad) == entry.get("h5ad_sha256"):
         return entry

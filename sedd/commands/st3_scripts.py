@@ -51,6 +51,11 @@ def _common_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing generated_cells.h5ad (default: refuse, nothing is lost)",
+    )
     add_shard_arguments(p)
     return p
 
@@ -99,13 +104,18 @@ def _write(
 ) -> Path | None:
     """One file (``out_dir/generated_cells.h5ad`` + metadata), or this process's shard."""
     shard, planned = _shard(args), plan(loaded, request)
+    out = out_dir / "generated_cells.h5ad"
+    if shard.count == 1 and out.exists() and not args.overwrite:
+        raise FileExistsError(
+            f"{out} exists (an earlier run's cells); pass --overwrite to replace it, or "
+            "--output_dir DIR to write elsewhere."
+        )
     if shard.count > 1:
         run_shard(planned, args.precision, out_dir, shard)
         print(
             f"when every shard is done: sedd merge {out_dir} --out {out_dir}/generated_cells.h5ad"
         )
         return None
-    out = out_dir / "generated_cells.h5ad"
     summary = write_one_file(planned, args.precision, out)
     metadata = {
         "script": script,
@@ -222,7 +232,7 @@ def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
     """Run a script entry point; user errors print one line and exit 2 (like ``sedd``)."""
     try:
         code = entry(None)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError) as exc:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
         code = 2
     raise SystemExit(code)
