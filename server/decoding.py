@@ -105,7 +105,7 @@ def predicted_conditions(
         raise FieldError(
             ["body", "perturbations"] + ([] if at is None else [at]),
             str(err),
-            type="unknown_perturbation",
+            type=f"unknown_{err.kind.replace(' ', '_')}",
             input=err.name,
             ctx={"suggestions": err.suggestions},
         ) from None

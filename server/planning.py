@@ -68,7 +68,7 @@ def _plan(loaded: LoadedModel, request: GenerationRequest, names_loc: list[str |
     except UnknownLabelError as err:
         loc: list[str | int] = ["body", "cell_type"] if err.kind == "cell type" else names_loc
         listed = names_loc[-1] == "perturbations" and err.name in (request.conditions or ())
-        if err.kind == "perturbation" and listed:
+        if err.kind != "cell type" and listed:
             loc = [*names_loc, (request.conditions or ()).index(err.name)]
         raise FieldError(
             loc,

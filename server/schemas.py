@@ -299,8 +299,16 @@ class ModelCard(BaseModel):
     num_genes: int
     genes: list[str]
     max_count: int
-    perturbations: list[str] | None
-    control_label: str | None
+    label_kind: Literal["perturbation", "cell_type", "other"] = Field(
+        description="what the conditions are: perturbations, cell types or other labels"
+    )
+    label_key: str | None = Field(description="the obs column the labels were trained from")
+    conditions: list[str] | None = Field(description="the names `condition` takes")
+    default_condition: str | None = Field(
+        description="what /generate and /impute use without a `condition`"
+    )
+    perturbations: list[str] | None = Field(description="perturbation models only")
+    control_label: str | None = Field(description="perturbation models only")
     cell_types: list[str] | None
     checkpoint_sha256: str
     precision: PrecisionRecord

@@ -25,6 +25,7 @@ def model_card_dict(loaded: LoadedModel) -> dict[str, Any]:
         "num_genes": config.num_genes,
         "genes_by_position": config.genes_by_position,
         "genes": config.genes,
+        "conditions": loaded.conditions,
         "perturbations": config.perturbations,
         "control_label": config.control_label,
         "perturbation_vector_names": None if vectors is None else list(vectors),
@@ -70,8 +71,12 @@ def model_card(loaded: LoadedModel) -> str:
     if config.num_perturbations:
         names = config.perturbations
         text = f"{len(names)}: {_preview(names)}" if names else "indices only (no names)"
-        rows.append(("perturbations", text))
-        rows.append(("control label", str(config.control_label)))
+        rows.append((f"{loaded.label_word}s", text))
+        if config.label_kind == "perturbation":
+            rows.append(("control label", str(config.control_label)))
+        else:  # not a perturbation model: its "control" is only the default condition
+            default = config.control_label or "none (pass a condition)"
+            rows.append(("default condition", default))
         rows.append(
             ("labels", f"{config.label_kind}s, in obs as {', '.join(config.label_columns)}")
         )

@@ -31,7 +31,8 @@ VECTORS_FILE = "perturbation_vectors.safetensors"
 
 
 class UnknownLabelError(ValueError):
-    """A perturbation or cell-type name the model does not know; ``suggestions`` are close ones."""
+    """A label (perturbation or condition) or cell-type name the model does not know;
+    ``suggestions`` are close ones."""
 
     def __init__(self, name: str, kind: str, known: Sequence[str], hint: str = "") -> None:
         self.name, self.kind = name, kind
@@ -94,7 +95,13 @@ class LoadedModel:
         if name in names:
             return names.index(name)
         hint = "Pass the training label mapping with --perturbation-map FILE."
-        raise UnknownLabelError(name, "perturbation", names, hint)
+        raise UnknownLabelError(name, self.label_word, names, hint)
+
+    @property
+    def label_word(self) -> str:
+        """What the model's labels are called in messages: "perturbation" for perturbation
+        models, "condition" for the rest (cell types, other labels)."""
+        return "perturbation" if self.config.label_kind == "perturbation" else "condition"
 
     def cell_type_index(self, name: str) -> int:
         names = self.config.cell_types or []
@@ -108,7 +115,8 @@ class LoadedModel:
         if self.perturbation_vectors is not None:
             missing = [n for n in names if n not in self.perturbation_vectors]
             if missing:
-                raise UnknownLabelError(missing[0], "perturbation", list(self.perturbation_vectors))
+                known = list(self.perturbation_vectors)
+                raise UnknownLabelError(missing[0], self.label_word, known)
             return torch.stack([self.perturbation_vectors[n] for n in names])  # (B, E)
         indices = [self.label_index(n) for n in names]
         return torch.tensor(indices, dtype=torch.long, device=self.device)  # (B,)

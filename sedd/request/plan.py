@@ -192,7 +192,7 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     known, conditional = loaded.conditions, loaded.conditional
     if conditional and not request.conditions:
         raise ValueError(
-            f"this model is conditioned on perturbations: pass `conditions` (known: "
+            f"this model is conditioned on {loaded.label_word}s: pass `conditions` (known: "
             f"{', '.join(known[:10]) or 'none named'}{', ...' if len(known) > 10 else ''})."
         )
     if not conditional and request.conditions:

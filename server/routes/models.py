@@ -1,20 +1,43 @@
-"""GET /v1/models: the served model's card."""
+"""GET /v1/models and /v1/models/{id}: the served model's card."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from server.deps import AuthDep, ServiceDep
 from server.limits import LimitedRoute
-from server.schemas import ModelCard, ModelList
+from server.schemas import ErrorBody, ModelCard, ModelList
+from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model's card")
 async def models(service: ServiceDep) -> ModelList:
+    return ModelList(data=[_card(service)])
+
+
+@router.get(
+    "/v1/models/{model_id}",
+    response_model=ModelCard,
+    responses={404: {"model": ErrorBody, "description": "no served model has this id"}},
+    summary="One served model's card (OpenAI-style)",
+)
+async def model(model_id: str, service: ServiceDep) -> ModelCard:
+    card = _card(service)
+    if model_id != card.id:
+        raise HTTPException(
+            status_code=404,
+            detail=f"no served model is called {model_id!r}; this server serves {card.id!r} "
+            "(GET /v1/models lists it).",
+        )
+    return card
+
+
+def _card(service: Service) -> ModelCard:
     loaded, settings = service.loaded, service.settings
     cfg = loaded.config
+    perturbation_model = cfg.label_kind == "perturbation"
     card = ModelCard(
         id=loaded.path.name,
         path=str(loaded.path),
@@ -23,8 +46,12 @@ async def models(service: ServiceDep) -> ModelList:
         num_genes=cfg.num_genes,
         genes=list(cfg.genes),
         max_count=cfg.tokens.max_count,
-        perturbations=loaded.conditions or None,
-        control_label=cfg.control_label,
+        label_kind=cfg.label_kind,
+        label_key=cfg.label_key,
+        conditions=loaded.conditions or None,
+        default_condition=cfg.control_label if loaded.conditional else None,
+        perturbations=(loaded.conditions or None) if perturbation_model else None,
+        control_label=cfg.control_label if perturbation_model else None,
         cell_types=cfg.cell_types,
         checkpoint_sha256=loaded.file_hash,
         precision=service.precision.record(),  # type: ignore[arg-type]
@@ -37,4 +64,4 @@ async def models(service: ServiceDep) -> ModelList:
             "request_timeout_s": settings.request_timeout_s,
         },
     )
-    return ModelList(data=[card])
+    return card
