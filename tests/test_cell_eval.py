@@ -15,13 +15,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sedd.batch.run import generate
+from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import DEFAULT_MODEL
 from sedd.io.read import read_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
+
+
+def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
+    """The request alone, offline: the library's one plan, run on an in-process engine."""
+    return run_plan(plan(loaded, request), precision)
+
 
 pytest.importorskip("cell_eval")
 pytestmark = pytest.mark.celleval

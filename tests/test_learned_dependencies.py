@@ -17,12 +17,18 @@ import pandas as pd
 import pytest
 import torch
 
-from sedd.batch.run import generate
+from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 from sedd.train.config import TrainConfig
 from sedd.train.trainer import Trainer
+
+
+def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
+    """The request alone, offline: the library's one plan, run on an in-process engine."""
+    return run_plan(plan(loaded, request), precision)
+
 
 N_CELLS, MODULE, OTHER = 800, 6, 6
 

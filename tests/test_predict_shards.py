@@ -20,7 +20,7 @@ from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
 from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 
 ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]
@@ -210,7 +210,9 @@ def test_killed_shard_resumes_from_finished_batches_to_identical_result(
         batch_size=2,
     )
     out_dir = tmp_path / "run"
-    job = prepare_shard(loaded, request, resolve_precision("fp32", "cpu"), out_dir, Shard(0, 1))
+    job = prepare_shard(
+        plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, Shard(0, 1)
+    )
     save = job._save_part
 
     def save_then_kill(cells: range, counts: np.ndarray) -> None:
@@ -330,7 +332,7 @@ def _run_shard_directly(model: Path, out_dir: Path, shard: Shard) -> None:
         warnings.simplefilter("ignore")
         loaded = load_checkpoint(model)
     request = GenerationRequest(3, ("non-targeting", *PERTURBATIONS), steps=3, seed=7)
-    prepare_shard(loaded, request, resolve_precision("fp32", "cpu"), out_dir, shard)
+    prepare_shard(plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, shard)
 
 
 def test_shard_defaults_from_slurm_array_env(

@@ -15,12 +15,18 @@ import pytest
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
-from sedd.batch.run import generate
+from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.cli import main
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest
+from sedd.request.plan import GenerationRequest, plan
 from server.app import create_app
+
+
+def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
+    """The request alone, offline: the library's one plan, run on an in-process engine."""
+    return run_plan(plan(loaded, request), precision)
+
 
 pytestmark = pytest.mark.anyio
 
