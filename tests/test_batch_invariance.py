@@ -2,13 +2,17 @@
 
 On the bundled model in fp32, where unblocked forwards of different batch sizes differ in the
 last bits (and a draw near a CDF boundary then flips a cell): every forward runs on fixed row
-blocks, so each row meets the same kernel shapes wherever it sits.
+blocks, so each row meets the same kernel shapes wherever it sits. The bundled model's blocks are
+one row on CPU, so the batch sizes, packing and the server are also checked on a small model
+(st3's ``tiny_pert``, 64 genes: 16-row blocks on CPU), whose blocks mix rows of different
+batches and jobs and end in padding.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,16 +22,33 @@ from devices import DEVICE, ON_CUDA
 from server_client import make_settings, served
 
 import sedd
-from sedd.checkpoints import DEFAULT_MODEL
+from sedd.checkpoints import load_checkpoint, save_native
+from sedd.diffusion.sampling import block_rows_for
 from sedd.engine import Engine, run_job
-from sedd.request.plan import GenerationRequest, cell_plan, job_for
+from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio
+
+TINY_PERT = Path(__file__).parent / "data" / "st3" / "experiments" / "tiny_pert"
 
 
 @pytest.fixture(scope="module")
 def model() -> sedd.Model:
     return sedd.load(device=DEVICE, precision="fp32")
+
+
+@pytest.fixture(scope="module")
+def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_pert`` as a native model with gene names (none of the positional-genes warning)."""
+    root = tmp_path_factory.mktemp("tiny_pert")
+    (root / "genes.txt").write_text("".join(f"GENE{i}\n" for i in range(64)))
+    loaded = load_checkpoint(TINY_PERT, genes=root / "genes.txt", device="cpu")
+    return save_native(loaded, root / "native")
+
+
+@pytest.fixture(scope="module")
+def small(small_dir: Path) -> sedd.Model:
+    return sedd.load(small_dir, device=DEVICE, precision="fp32")
 
 
 def dense(x: object) -> np.ndarray:
@@ -57,38 +78,47 @@ def test_a_rows_scores_are_bit_identical_at_a_fixed_block_shape(model: sedd.Mode
 def test_cells_are_identical_for_batch_sizes_1_and_32_where_unblocked_forwards_differ(
     model: sedd.Model,
 ) -> None:
-    # Without fixed blocks, batch size 1 gives 2 of these 32 cells different from batch size 32
-    # on the machine this was developed on (a draw flips, then the cell diverges).
+    # Without fixed blocks, batch size 1 gave 2 of 32 cells (5 steps) different from batch size 32
+    # on the machine this was developed on (a draw flips, then the cell diverges). Each of a
+    # cell's 765 genes is drawn once from the scores whatever the step count, so 2 steps keep
+    # those 32 x 765 draws, at 2/5 of the forwards.
     runs = {
-        size: model.generate(32, condition="Dendritic", steps=5, seed=1007, batch_size=size)
+        size: model.generate(32, condition="Dendritic", steps=2, seed=1007, batch_size=size)
         for size in (1, 32)
     }
     assert dense(runs[1].X).shape == (32, 765) and dense(runs[1].X).sum() > 0
     np.testing.assert_array_equal(dense(runs[1].X), dense(runs[32].X))
-
-
-def test_cells_are_identical_for_batch_sizes_3_7_32_and_64(model: sedd.Model) -> None:
-    runs = {
-        size: model.generate(12, condition="Dendritic", steps=2, seed=1007, batch_size=size)
-        for size in (3, 7, 32, 64)
-    }
-    for size, cells in runs.items():
-        np.testing.assert_array_equal(dense(cells.X), dense(runs[32].X), f"batch size {size}")
     # 1-row blocks (765 genes on CPU): every cell takes one model call a step whatever the
     # batch size, 2 steps each (2 uniform steps to t = 1e-5 leave no mask for the denoise)
     forwards = {size: runs[size].uns["sedd"]["timings"]["forwards"] for size in runs}
-    if not ON_CUDA:  # on CUDA one block holds all 12 cells
-        assert forwards == {3: 24, 7: 24, 32: 24, 64: 24}
+    if not ON_CUDA:  # on CUDA one block holds all 32 cells
+        assert forwards == {1: 64, 32: 64}
 
 
-def test_jobs_packed_together_match_each_job_run_alone(model: sedd.Model) -> None:
-    loaded, policy = model.loaded, model.policy
-    requests = [
-        GenerationRequest(3, ("CD19+ B",), steps=3, seed=1),
-        GenerationRequest(4, ("CD56+ NK",), steps=2, seed=2, temperature=0.7, sampler="analytic"),
-        GenerationRequest(2, ("Dendritic",), steps=4, seed=3),
+def test_cells_are_identical_for_batch_sizes_3_7_32_and_64(small: sedd.Model) -> None:
+    runs = {
+        size: small.generate(40, condition="GENE_B", steps=3, seed=1007, batch_size=size)
+        for size in (3, 7, 32, 64)
+    }
+    assert dense(runs[32].X).shape == (40, 64) and dense(runs[32].X).sum() > 0
+    for size, cells in runs.items():
+        np.testing.assert_array_equal(dense(cells.X), dense(runs[32].X), f"batch size {size}")
+    # 16-row blocks (64 genes on CPU), batches packed into whole blocks: 40 cells take 3 blocks
+    # a step (padded where not full) whatever the batch size, 3 steps each
+    forwards = {size: runs[size].uns["sedd"]["timings"]["forwards"] for size in runs}
+    if not ON_CUDA:  # on CUDA one block holds all 40 cells
+        assert block_rows_for(64, "cpu") == 16
+        assert forwards == {3: 9, 7: 9, 32: 9, 64: 9}
+
+
+def test_jobs_packed_together_match_each_job_run_alone(small: sedd.Model) -> None:
+    loaded, policy = small.loaded, small.policy
+    requests = [  # 9 rows: one 16-row block on CPU holds rows of all three jobs
+        GenerationRequest(3, ("GENE_A",), steps=3, seed=1),
+        GenerationRequest(4, ("GENE_C",), steps=2, seed=2, temperature=0.7, sampler="analytic"),
+        GenerationRequest(2, ("non-targeting",), steps=4, seed=3),
     ]
-    jobs = [job_for(loaded, r, cell_plan(loaded, r)) for r in requests]
+    jobs = [plan(loaded, r).job() for r in requests]
     jobs[2] = dataclasses.replace(jobs[2], first_cell=5)  # cells 5, 6 of a larger request
     packed = Engine.for_model(loaded, policy, max_rows_per_forward=64)
     handles = [packed.submit(job) for job in jobs]
@@ -100,16 +130,16 @@ def test_jobs_packed_together_match_each_job_run_alone(model: sedd.Model) -> Non
 
 
 async def test_server_responses_under_load_equal_the_same_requests_alone(
-    model: sedd.Model,
+    small_dir: Path, small: sedd.Model
 ) -> None:
     bodies = [
         {"num_cells": 2, "condition": name, "steps": 3, "seed": seed}
-        for name, seed in (("CD14+ Monocyte", 5), ("CD19+ B", 6), ("CD34+", 8))
+        for name, seed in (("GENE_D", 5), ("GENE_A", 6), ("non-targeting", 8))
     ]
-    settings = make_settings(DEFAULT_MODEL, max_steps=10)
+    settings = make_settings(small_dir, max_steps=10)
     async with served(settings) as (client, _):
         responses = await asyncio.gather(*(client.post("/generate", json=b) for b in bodies))
     for body, response in zip(bodies, responses, strict=True):
         assert response.status_code == 200, response.text
-        alone = model.generate(2, condition=body["condition"], steps=3, seed=body["seed"])
+        alone = small.generate(2, condition=body["condition"], steps=3, seed=body["seed"])
         np.testing.assert_array_equal(np.array(response.json()["counts"]), dense(alone.X))

@@ -1,16 +1,22 @@
 """``sedd serve`` under real uvicorn in a subprocess: SIGTERM drains as the README says, and
-start-up faults are one line. Also the CLI's one-line errors for ordinary OS faults."""
+start-up faults are one line. Also the CLI's one-line errors for ordinary OS faults.
+
+Each SIGTERM test stops its own server (both are started at once, before the first test); the
+one-line errors come from one CLI process shared by the module (``_Cli``), whose every command
+writes its stderr to its own file."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +27,7 @@ from server_models import save_tiny_model
 from sedd.defaults import DEFAULT_MODEL
 
 SEDD = [sys.executable, "-m", "sedd.cli"]
+Server = tuple[subprocess.Popen[str], int]  # (the `sedd serve` process, its port)
 
 
 def _free_port() -> int:
@@ -33,13 +40,16 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "SEDD_DEBUG": "", **extra}
 
 
-def _start(port: int, drain_s: str) -> subprocess.Popen[str]:
+def _spawn(port: int, drain_s: str) -> subprocess.Popen[str]:
     argv = [*SEDD, "serve", "--port", str(port), "--precision", "fp32", "--device", "cpu"]
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         argv, env=_env(SEDD_DRAIN_TIMEOUT_S=drain_s), stderr=subprocess.PIPE, text=True
     )
+
+
+def _wait_ready(proc: subprocess.Popen[str], port: int) -> subprocess.Popen[str]:
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return proc
@@ -47,6 +57,23 @@ def _start(port: int, drain_s: str) -> subprocess.Popen[str]:
             time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"the server did not become ready: {proc.communicate()[1][-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Server]]:
+    """One server per SIGTERM test (name -> (process, port)), all starting at once; each test
+    waits for its own and stops it."""
+    started: dict[str, Server] = {}
+    try:
+        for name, drain_s in (("drain 20 s", "20"), ("drain 0.5 s", "0.5")):
+            port = _free_port()
+            started[name] = (_spawn(port, drain_s), port)
+        yield started
+    finally:
+        for proc, _ in started.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
 
 
 def _post_in_background(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -61,10 +88,12 @@ def _post_in_background(url: str, body: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _sigterm_with(port: int, drain_s: str, steps: int) -> tuple[Any, httpx.Response, float]:
-    """Start, send a ``steps``-step request, SIGTERM while it runs, then one new request.
-    Returns (the in-flight response, the new request's response, seconds from SIGTERM to exit)."""
-    proc = _start(port, drain_s)
+def _sigterm_with(server: Server, steps: int) -> tuple[Any, httpx.Response, float]:
+    """Wait for ``server``, send a ``steps``-step request, SIGTERM while it runs, then one new
+    request. Returns (the in-flight response, the new request's response, seconds from SIGTERM
+    to exit)."""
+    proc, port = server
+    _wait_ready(proc, port)
     url = f"http://127.0.0.1:{port}/generate"
     long = _post_in_background(url, {"num_cells": 1, "steps": steps, "condition": "CD19+ B"})
     time.sleep(1.0)  # the request is running
@@ -77,16 +106,21 @@ def _sigterm_with(port: int, drain_s: str, steps: int) -> tuple[Any, httpx.Respo
     return long["response"], late, time.monotonic() - sent
 
 
-def test_sigterm_refuses_new_requests_with_json_503_and_finishes_in_flight() -> None:
-    in_flight, late, took = _sigterm_with(_free_port(), "20", steps=80)
+@pytest.mark.slow
+def test_sigterm_refuses_new_requests_with_json_503_and_finishes_in_flight(
+    servers: dict[str, Server],
+) -> None:
+    in_flight, late, took = _sigterm_with(servers["drain 20 s"], steps=80)
     assert late.status_code == 503 and late.headers["retry-after"] == "5"
     assert late.json() == {"detail": "the server is shutting down and takes no new requests"}
     assert in_flight.status_code == 200 and len(in_flight.json()["counts"]) == 1
     assert took < 20  # it exits once the in-flight request is answered, not at the limit
 
 
-def test_a_drain_under_one_second_is_honoured_and_cut_requests_get_json_503() -> None:
-    in_flight, late, took = _sigterm_with(_free_port(), "0.5", steps=1000)
+def test_a_drain_under_one_second_is_honoured_and_cut_requests_get_json_503(
+    servers: dict[str, Server],
+) -> None:
+    in_flight, late, took = _sigterm_with(servers["drain 0.5 s"], steps=1000)
     assert late.status_code == 503
     assert in_flight.status_code == 503
     assert in_flight.json() == {"detail": "the server is shutting down and takes no new requests"}
@@ -94,66 +128,139 @@ def test_a_drain_under_one_second_is_honoured_and_cut_requests_get_json_503() ->
     assert took < 0.5 + 6  # drain + the exit grace, never the request's own length
 
 
-def _one_line_failure(argv: list[str], code: int) -> str:
-    done = subprocess.run([*SEDD, *argv], env=_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == code, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
+# The shared CLI process: for each JSON line [argv, stderr file] on stdin it runs
+# ``sedd.cli.main(argv)`` (as ``python -m sedd.cli`` does) with file descriptors 1 and 2 sent to
+# /dev/null and that file, then answers the exit code on stdout. Whatever it writes outside a
+# command (at start or exit) goes to its own stderr, which must stay empty.
+_CLI_WORKER = """
+import json, os, sys, traceback
+from sedd.cli import main
+
+def run(argv, err_path):
+    sys.argv = ["sedd", *argv]
+    sys.stdout.flush(); sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(os.devnull, "wb") as out, open(err_path, "wb") as err:
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        try:
+            return main(argv)
+        except SystemExit as exc:
+            return exc.code
+        except BaseException:
+            traceback.print_exc()
+            return 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.close(saved[0]); os.close(saved[1])
+
+for line in sys.stdin:
+    print(json.dumps(run(*json.loads(line))), flush=True)
+"""
+
+
+class _Cli:
+    def __init__(self, root: Path) -> None:
+        self.root, self.calls = root, 0
+        self.own_stderr = root / "worker.stderr"
+        with self.own_stderr.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _CLI_WORKER], env=_env(), text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            )  # fmt: skip
+
+    def run(self, argv: list[str], timeout: float = 120) -> tuple[int, str]:
+        """(exit code, stderr) of ``sedd ARGV``."""
+        assert self.proc.poll() is None, self.own_stderr.read_text()
+        self.calls += 1
+        err = self.root / f"command-{self.calls}.stderr"
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([argv, str(err)]) + "\n")
+        self.proc.stdin.flush()
+        if not select.select([self.proc.stdout], [], [], timeout)[0]:
+            self.proc.kill()
+            raise AssertionError(f"sedd {' '.join(argv)} did not finish in {timeout} s")
+        answer = self.proc.stdout.readline()
+        assert answer, f"the CLI process died: {self.own_stderr.read_text()}"
+        return json.loads(answer), err.read_text()
+
+    def close(self) -> str:
+        """Stop the process; returns what it wrote outside its commands."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        return self.own_stderr.read_text()
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Cli]:
+    worker = _Cli(tmp_path_factory.mktemp("cli"))
+    yield worker
+    assert worker.close() == ""  # nothing at start-up or exit either
+
+
+def _one_line_failure(cli: _Cli, argv: list[str], code: int) -> str:
+    returncode, stderr = cli.run(argv)
+    assert returncode == code, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     return lines[0]
 
 
-def test_serve_refuses_a_checkpoint_with_a_nan_weight_in_one_line(tmp_path: Path) -> None:
+def test_serve_refuses_a_checkpoint_with_a_nan_weight_in_one_line(
+    cli: _Cli, tmp_path: Path
+) -> None:
     model = save_tiny_model(tmp_path / "nan", nan_label="BAD")
-    line = _one_line_failure(["serve", "--model", str(model), "--port", "1"], 2)
+    line = _one_line_failure(cli, ["serve", "--model", str(model), "--port", "1"], 2)
     assert line.startswith("sedd serve: error: ")
     assert "non-finite weights (NaN or Inf) in pert_embed.weight" in line
 
 
-def test_generate_to_an_impossible_path_is_one_line_before_sampling() -> None:
+def test_generate_to_an_impossible_path_is_one_line_before_sampling(cli: _Cli) -> None:
     argv = ["generate", "--num-cells", "1", "--steps", "1", "--out", "/proc/nope/x.h5ad"]
-    line = _one_line_failure(argv, 3)
+    line = _one_line_failure(cli, argv, 3)
     assert line == (
         "sedd generate: error: /proc/nope: No such file or directory; check the path and its "
         "permissions"
     )
 
 
-def test_a_config_nested_100k_deep_is_one_line(tmp_path: Path) -> None:
+def test_a_config_nested_100k_deep_is_one_line(cli: _Cli, tmp_path: Path) -> None:
     model = tmp_path / "deep"
     model.mkdir()
     (model / "config.json").write_text('{"schema_version": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (model / "model.safetensors").write_bytes((DEFAULT_MODEL / "model.safetensors").read_bytes())
-    line = _one_line_failure(["info", str(model)], 2)
+    line = _one_line_failure(cli, ["info", str(model)], 2)
     assert line.endswith("config.json is nested too deeply to be a config; fix or replace it.")
 
 
-def test_huge_config_dimensions_are_refused_before_allocating(tmp_path: Path) -> None:
+def test_huge_config_dimensions_are_refused_before_allocating(cli: _Cli, tmp_path: Path) -> None:
     model = tmp_path / "huge"
     model.mkdir()
     config = json.loads((DEFAULT_MODEL / "config.json").read_text())
     config["arch"]["hidden_dim"] = 1 << 20  # ~8 TiB of weights if it were allocated
     (model / "config.json").write_text(json.dumps(config))
     (model / "model.safetensors").symlink_to(DEFAULT_MODEL / "model.safetensors")
-    line = _one_line_failure(["info", str(model)], 2)
+    line = _one_line_failure(cli, ["info", str(model)], 2)
     assert "shape mismatch for 'token_embed.weight': expected (261, 1048576)" in line
 
 
 @pytest.fixture(scope="module")
-def sharded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sharded_run(cli: _Cli, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out_dir = tmp_path_factory.mktemp("merge") / "run"
     argv = ["generate", "--num-cells", "1", "--steps", "1", "--conditions", "CD19+ B"]
-    subprocess.run([*SEDD, *argv, "--out-dir", str(out_dir)], env=_env(), check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    code, stderr = cli.run([*argv, "--out-dir", str(out_dir)])
+    assert code == 0, stderr
     return out_dir
 
 
 @pytest.mark.parametrize("target", ["under-a-file/x.h5ad", "/sys/x.h5ad"])
 def test_merge_to_an_unwritable_place_is_one_line(
-    tmp_path: Path, sharded_run: Path, target: str
+    cli: _Cli, tmp_path: Path, sharded_run: Path, target: str
 ) -> None:
     (tmp_path / "under-a-file").write_text("a file, not a directory")
     out = target if target.startswith("/") else str(tmp_path / target)
-    line = _one_line_failure(["merge", str(sharded_run), "--out", out], 3)
+    line = _one_line_failure(cli, ["merge", str(sharded_run), "--out", out], 3)
     assert line.startswith(f"sedd merge: error: {Path(out).parent}: ")
     assert line.endswith("; check the path and its permissions")

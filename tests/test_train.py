@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
+import random
 import sys
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import torch
 from pydantic import ValidationError
 
 from sedd.checkpoints import load_checkpoint
+from sedd.cli import main as cli_main
 from sedd.commands import train as train_command
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
@@ -345,24 +346,35 @@ def test_cli_trains_records_the_command_and_resumes(tmp_path, data_file, monkeyp
     assert "already at step 2" in capsys.readouterr().out
 
 
-def test_documented_command_chain_reproduces_the_weights_byte_for_byte(tmp_path, data_file):
-    """The bundled model's recipe (train, then --resume with a larger --max-steps), each command a
-    fresh ``sedd train`` process as a user runs it, twice from nothing: identical model files."""
+def test_documented_command_chain_reproduces_the_weights_byte_for_byte(
+    tmp_path, data_file, monkeypatch, capsys
+):
+    """The bundled model's recipe (train, then --resume with a larger --max-steps), each command
+    a separate ``sedd train`` invocation (the CLI's ``main``, in-process), twice from nothing:
+    identical model files. Before every command the global RNGs (torch, NumPy, ``random``) are
+    reseeded differently, so a command must not depend on any state it finds in the process."""
     config_file = tmp_path / "train.json"
     settings = _config(tmp_path, data_file).model_dump(mode="json")
     settings.pop("out"), settings.pop("run_dir")
     config_file.write_text(json.dumps(settings))
+    scramble = iter(range(101, 200))
 
     def recipe(name: str) -> str:
-        common = [sys.executable, "-m", "sedd.cli", "train", "--config", str(config_file),
-                  "--out", str(tmp_path / name), "--run-dir", str(tmp_path / f"{name}_run"),
-                  "--no-progress"]  # fmt: skip
+        common = ["train", "--config", str(config_file), "--out", str(tmp_path / name),
+                  "--run-dir", str(tmp_path / f"{name}_run"), "--no-progress"]  # fmt: skip
         for extra in (["--max-steps", "2"], ["--resume", "--max-steps", "3"]):
-            done = subprocess.run([*common, *extra], capture_output=True, text=True, check=False)
-            assert done.returncode == 0, done.stderr
+            argv = [*common, *extra]
+            monkeypatch.setattr(sys, "argv", ["sedd", *argv])
+            seed = next(scramble)
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            random.seed(seed)
+            assert cli_main(argv) == 0, capsys.readouterr().err
         return sha256_file(tmp_path / name / "model.safetensors")
 
     first, second = recipe("first"), recipe("second")
+    out = capsys.readouterr().out
+    assert out.count("trained steps 1..2") == 2 and out.count("trained steps 3..3") == 2
     assert first == second
     assert load_checkpoint(tmp_path / "first").config.provenance.step == 3
 
