@@ -1,7 +1,8 @@
 """Tests run single-threaded: on a 2-core machine with other processes busy, OpenMP barrier
 stalls make multi-threaded torch many times slower (a test about threading sets its own).
 Async tests (``pytest.mark.anyio``) run on asyncio. ``SEDD_TEST_DEVICE`` picks the device of the
-device-relevant tests (``tests/devices.py``); a lane that cannot run here stops in one line."""
+device-relevant tests (``tests/helpers/devices.py``); a lane that cannot run here stops in one
+line. Shared helpers live in ``tests/helpers`` (on the path: ``pyproject.toml``)."""
 
 from __future__ import annotations
 

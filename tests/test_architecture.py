@@ -258,7 +258,7 @@ def test_every_name_scripts_and_tests_import_from_the_library_exists() -> None:
     import importlib
 
     missing = []
-    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").glob("*.py")]):
+    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
                 continue
@@ -296,3 +296,11 @@ def test_server_builds_requests_from_sedd_request_never_sedd_batch() -> None:
     assert reached == set(), reached
     requests = {t for m in graph.files if _is_within(m, "server") for t in graph.edges(m)}
     assert "sedd.request.plan" in requests
+
+
+def test_tests_mirror_the_packages() -> None:
+    """Each test folder is named for a package of sedd/ (or server/); helpers sit apart."""
+    packages = {p.name for p in (ROOT / "sedd").iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - {"data", "helpers"} <= packages | {"server"}
+    assert not [p for p in (ROOT / "tests" / "helpers").glob("test_*.py")]

@@ -32,7 +32,8 @@ def test_gpu_check_stops_in_one_line_without_cuda(tmp_path: Path):
 def test_the_cuda_lane_stops_in_one_line_without_cuda():
     env = {**os.environ, "SEDD_TEST_DEVICE": "cuda"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_layers.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/models/test_layers.py"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 4

@@ -12,7 +12,7 @@ rows in flight, all in one row block:
   profiler sees, plus the engine's own readbacks (``Engine.readbacks``: its one small tensor a
   tick, which is a sync on CUDA even where the CPU profiler cannot see one).
 
-``tests/test_step_overhead.py`` pins the deterministic parts (ops and syncs); ``sedd bench
+``tests/engine/test_step_overhead.py`` pins the deterministic parts (ops and syncs); ``sedd bench
 --overhead`` prints the table.
 """
 

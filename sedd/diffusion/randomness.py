@@ -105,7 +105,8 @@ def cell_uniforms(
     int64 on the device the numbers are wanted on. One vectorised chain of integer ops whatever
     B is: in torch on an accelerator (about 200 element-wise kernels, capturable in a CUDA graph),
     in NumPy on the CPU, where the same words cost a fraction of torch's per-op dispatch for the
-    small blocks a CPU runs (``tests/test_randomness.py`` checks the two agree bit for bit).
+    small blocks a CPU runs (``tests/diffusion/test_randomness.py`` checks the two agree bit for
+    bit).
     """
     if seed.device.type == "cpu":
         words = _cell_words(seed.numpy().astype(np.uint64), cell.numpy().astype(np.uint64),

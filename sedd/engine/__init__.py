@@ -15,7 +15,7 @@ settled after one small readback a tick.
   shape each kernel (linear, attention, layer norm) computes a row the same way whatever the other
   rows hold or where the row sits, so a cell's tokens do not depend on its batch size, its packing
   with other jobs, its shard or the server's load (on one machine, thread count, precision, block
-  size and torch version; ``tests/test_batch_invariance.py``).
+  size and torch version; ``tests/engine/test_batch_invariance.py``).
 * Jobs whose conditioning differs in kind (index vs vector labels, with vs without cell types)
   cannot share a forward; each kind gets its own forward in the tick.
 * Faults stay with their job. Randomness is counter-based (``sedd.diffusion.randomness``), so a

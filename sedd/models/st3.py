@@ -138,7 +138,7 @@ class _ST3Base(nn.Module):
     time_embed = [sinusoidal(H) = [sin(sigma f), cos(sigma f)], f_i = 10000^(-i/(H/2))]
     -> Linear(H, 4H) -> GELU -> Linear(4H, H). ``c`` enters adaLN without an activation.
     GELU is exact (erf) and LayerNorm eps is 1e-5; these and the sin-then-cos order were pinned
-    by matching st3's own outputs (tests/test_model_parity.py) to ~1e-9.
+    by matching st3's own outputs (tests/models/test_model_parity.py) to ~1e-9.
     """
 
     parametrisation: Literal["x0", "score"] = "x0"

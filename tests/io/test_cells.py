@@ -25,7 +25,7 @@ from sedd.io.tokens import (
 )
 from sedd.io.write import provenance_uns, write_cells_h5ad
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 GENES = ["CD3E", "MS4A1", "LYZ", "NKG7", "GNLY"]
 
 

@@ -29,7 +29,7 @@ from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio
 
-TINY_PERT = Path(__file__).parent / "data" / "st3" / "experiments" / "tiny_pert"
+TINY_PERT = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments" / "tiny_pert"
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
 pytest.importorskip("cell_eval")
 pytestmark = pytest.mark.celleval
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pbmc68k_counts.h5ad"
+DATA = Path(__file__).resolve().parents[2] / "data" / "pbmc68k_counts.h5ad"
 
 
 def test_conditional_output_is_accepted_by_cell_eval(tmp_path):

@@ -22,7 +22,7 @@ from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
 
-ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
+ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]
 PERTURBATIONS = ["GENE_A", "GENE_B"]
 

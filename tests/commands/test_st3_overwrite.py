@@ -16,8 +16,8 @@ from sedd.commands.st3_scripts import inference_conditional
 from sedd.io.files import sha256_file
 
 pytestmark = pytest.mark.filterwarnings("ignore:no gene list", "ignore:GENES ARE POSITIONAL")
-ROOT = Path(__file__).resolve().parents[1]
-ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
+ROOT = Path(__file__).resolve().parents[2]
+ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 
 
 def test_a_second_run_is_refused_unless_overwrite(tmp_path: Path) -> None:

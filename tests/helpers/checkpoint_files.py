@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 ST3 = DATA / "st3" / "experiments"
 REF = DATA / "sedd_reference"
 ST3_ATOL = 1e-6  # st3 logits are ~1e-3 in size (N(0, 0.02) init); see test_model_parity.py

@@ -21,7 +21,7 @@ from sedd.eval.precision_report import (
 )
 from sedd.precision import resolve_precision
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY_PERT = DATA / "st3" / "experiments" / "tiny_pert"
 TINY_ESM_CT = DATA / "st3" / "experiments" / "tiny_pert_ct_esm"
 UNIFORM = DATA / "sedd_reference" / "uniform" / "hf"

@@ -24,8 +24,8 @@ from sedd.precision import cpu_has_native_bf16
 
 pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
 
-ROOT = Path(__file__).resolve().parents[1]
-ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
+ROOT = Path(__file__).resolve().parents[2]
+ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 BUNDLED = ROOT / "models" / "pbmc_default"
 
 

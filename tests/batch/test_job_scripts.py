@@ -13,7 +13,7 @@ from pathlib import Path
 import anndata as ad
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY_MLM = ROOT / "tests" / "data" / "st3" / "experiments" / "tiny_mlm"
 GENES = [f"GENE{i}" for i in range(64)]
 

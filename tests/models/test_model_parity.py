@@ -16,7 +16,7 @@ import torch
 from sedd.models.ddit import DDiT
 from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 ST3 = DATA / "st3"
 REF = DATA / "sedd_reference"
 ST3_ATOL = 1e-6

@@ -19,7 +19,7 @@ from sedd.checkpoints.schema import ModelConfig
 from sedd.cli import main
 from sedd.defaults import DEFAULT_MODEL
 
-ST3 = Path(__file__).parent / "data" / "st3" / "experiments"
+ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 
 
 @pytest.fixture(scope="module")
