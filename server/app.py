@@ -11,6 +11,7 @@ checks the API key and the drain before any route runs. Every error reaches the 
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 import warnings
 from collections.abc import AsyncIterator
@@ -33,7 +34,7 @@ from server.errors import MAPPED, http_error
 from server.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.routes import health, metrics, models, sampling
-from server.schemas import apply_limits
+from server.schemas import apply_auth, apply_limits
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
@@ -119,8 +120,30 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     exc = cast(RequestValidationError, exc)
-    errors = [{k: v for k, v in e.items() if k != "url"} for e in exc.errors()]
+    fields = _body_fields(request)
+    errors = [_suggest({k: v for k, v in e.items() if k != "url"}, fields) for e in exc.errors()]
     return JSONResponse({"detail": _jsonable(errors)}, 422)
+
+
+def _body_fields(request: Request) -> list[str]:
+    """The field names of the route's body model (none for a route without a body)."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _suggest(error: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """An unknown body field's error, with the closest field names as the CLI gives them."""
+    loc = error.get("loc", ())
+    if error.get("type") != "extra_forbidden" or len(loc) != 2 or not fields:
+        return error
+    close = difflib.get_close_matches(str(loc[1]), fields, n=3)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return {
+        **error,
+        "msg": f"unknown field {loc[1]!r}{hint} (fields: {', '.join(fields)})",
+        "ctx": {"suggestions": close},
+    }
 
 
 def _jsonable(value: Any) -> Any:
@@ -173,7 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
             service = app.state.service
             config = None if service is None else service.loaded.config
-            schema = apply_limits(schema, settings, config)
+            schema = apply_auth(apply_limits(schema, settings, config), settings)
             if config is None:
                 return schema  # before start-up: no model names yet, so do not cache
             app.openapi_schema = schema

@@ -8,13 +8,13 @@ so a request numbers and conditions its cells as the Python API and ``sedd gener
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.io.tokens import CountClipWarning, CountRangeError
-from sedd.request.conditions import perturbation_conditions, single_condition
+from sedd.request.conditions import mix_counts, perturbation_conditions, single_condition
 from sedd.request.imputation import (
     Imputation,
     NoKnownGenesError,
@@ -79,6 +79,23 @@ def cell_conditions(loaded: LoadedModel, names: Sequence[str]) -> tuple[list[str
                 ctx={"suggestions": err.suggestions},
             ) from None
     return label_runs(names)
+
+
+def mix(loaded: LoadedModel, counts: Mapping[str, int]) -> tuple[list[str], list[int]]:
+    """A label mix ``{name: cells}`` in the model's order (``mix_counts``), as
+    ``Model.generate(like=...)`` orders it."""
+    try:
+        return mix_counts(loaded, counts)
+    except UnknownLabelError as err:
+        raise FieldError(
+            ["body", "conditions", err.name],
+            str(err),
+            type=f"unknown_{err.kind.replace(' ', '_')}",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
+    except ValueError as err:  # an unconditional model
+        raise FieldError(["body", "conditions"], str(err), input=dict(counts)) from None
 
 
 def predicted_conditions(

@@ -73,6 +73,16 @@ class BodyTimeout(Exception):
         )
 
 
+class ModelNotServed(Exception):
+    """The body's ``model`` names a model this server does not serve."""
+
+    def __init__(self, asked: str, served: str) -> None:
+        super().__init__(
+            f"no served model is called {asked!r}; this server serves {served!r} "
+            "(GET /v1/models lists it); send that id or leave out `model`."
+        )
+
+
 class Unauthorized(Exception):
     """Missing or wrong bearer API key."""
 
@@ -98,6 +108,7 @@ MAPPED: tuple[type[Exception], ...] = (
     ValueError,  # FieldError, UnknownLabelError, CountRangeError, engine field checks
     BodyTooLarge,
     BodyTimeout,
+    ModelNotServed,
     Unauthorized,
     EngineFull,
     Draining,
@@ -137,6 +148,8 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(413, str(exc))
         case BodyTimeout():
             return HTTPFailure(408, str(exc), {"Connection": "close"})
+        case ModelNotServed():
+            return HTTPFailure(404, str(exc))
         case Unauthorized():
             return HTTPFailure(401, str(exc), {"WWW-Authenticate": "Bearer"})
         case EngineFull():

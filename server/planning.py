@@ -19,7 +19,7 @@ from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.engine import EngineJob
 from sedd.request.plan import GenerationRequest, Plan, plan
 from server.config import Settings
-from server.errors import FieldError
+from server.errors import FieldError, ModelNotServed
 from server.schemas import SamplingOptions
 
 
@@ -55,7 +55,10 @@ class PlannedJob:
 
 
 def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) -> PlannedJob:
-    """The body's request (``to_request``), planned once, as one engine job with a deadline."""
+    """The body's request (``to_request``), planned once, as one engine job with a deadline.
+    A body whose ``model`` names another model than the served one raises ``ModelNotServed``."""
+    if body.model is not None and body.model != loaded.path.name:
+        raise ModelNotServed(body.model, loaded.path.name)
     request = body.to_request(loaded, settings)
     timeout = body.timeout(settings)
     planned = _plan(loaded, request, list(body.names_loc))

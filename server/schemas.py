@@ -68,6 +68,11 @@ class SamplingOptions(_Request):
         allow_inf_nan=False,
         description="deadline for this request; at most the server's request_timeout_s",
     )
+    model: Name | None = Field(
+        default=None,
+        description="the served model's id (GET /v1/models), as OpenAI-style clients send it; "
+        "optional, and a 404 when it names another model",
+    )
 
     # where an unknown condition name is reported
     names_loc: ClassVar[tuple[str, ...]] = ("body", "condition")
@@ -94,22 +99,52 @@ class SamplingOptions(_Request):
 
 
 class GenerateRequest(SamplingOptions):
-    """Whole cells of one condition (conditional models; the control when left out)."""
+    """Whole cells of one condition (conditional models; the model's default condition when
+    left out), or a label mix: ``conditions`` maps each condition to its number of cells.
+
+    Unlike ``Model.generate`` and ``sedd generate``, which make cells of every condition when
+    none is named, a body without ``condition`` or ``conditions`` gets cells of the default
+    condition only (``default_condition`` in GET /v1/models)."""
 
     model_config = ConfigDict(
         json_schema_extra={
-            "examples": [{"num_cells": 2, "steps": 10, "condition": "CD19+ B", "seed": 1}]
+            "examples": [
+                {"num_cells": 2, "steps": 10, "condition": "CD19+ B", "seed": 1},
+                {"conditions": {"CD19+ B": 3, "CD56+ NK": 1}, "steps": 10, "seed": 1},
+            ]
         }
     )
 
     num_cells: int = Field(default=1, ge=1, le=HARD_MAX_CELLS, description="cells to generate")
     condition: Name | None = Field(
-        default=None, description="perturbation name; default: the model's control label"
+        default=None,
+        description="the cells' condition (perturbation or cell type); default: the model's "
+        "default condition (its control label)",
+    )
+    conditions: dict[Name, Annotated[int, Field(ge=1, le=HARD_MAX_CELLS)]] | None = Field(
+        default=None,
+        max_length=1000,
+        description="a label mix: cells of each condition, instead of `num_cells` and "
+        "`condition`; the same cells as `Model.generate(like=...)` with these per-label counts",
     )
     cell_type: Name | None = Field(default=None, description="cell type (models that have them)")
 
+    @model_validator(mode="after")
+    def _one_kind(self) -> GenerateRequest:
+        if self.conditions is not None and {"num_cells", "condition"} & self.model_fields_set:
+            raise ValueError(
+                "pass `conditions` (cells of each condition) or `num_cells`/`condition`, not both"
+            )
+        if self.conditions is not None and not self.conditions:
+            raise ValueError("`conditions` must name at least one condition")
+        return self
+
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
         sampling = self.to_sampling(settings)
+        if self.conditions is not None:
+            names, counts = decoding.mix(loaded, self.conditions)
+            decoding.check_cells(settings, sum(counts), "conditions")
+            return GenerationRequest.of(1, names, self.cell_type, sampling, condition_counts=counts)
         decoding.check_cells(settings, self.num_cells, "num_cells")
         condition = decoding.one_condition(loaded, self.condition)
         return GenerationRequest.of(self.num_cells, condition, self.cell_type, sampling)
@@ -388,3 +423,28 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
         found.update(uniqueItems=True)
     if (found := prop("ImputeRequest", "counts")) is not None:  # larger ones need "clip"
         found["items"]["items"]["maximum"] = config.tokens.max_count
+
+
+def apply_auth(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Say in the OpenAPI ``schema`` (in place; returned) what the API key really does: with no
+    key set, no operation is secured (no padlocks in /docs, no 401s); with one, every secured
+    operation lists its 401."""
+    keyed = settings.api_key is not None
+    unauthorized = {"description": "missing or wrong API key", "content": _error_content()}
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            if "security" not in operation:
+                continue
+            responses = operation.setdefault("responses", {})
+            if keyed:
+                responses.setdefault("401", unauthorized)
+            else:
+                del operation["security"]
+                responses.pop("401", None)
+    if not keyed:
+        schema.get("components", {}).pop("securitySchemes", None)
+    return schema
+
+
+def _error_content() -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}

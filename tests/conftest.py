@@ -2,7 +2,8 @@
 stalls make multi-threaded torch many times slower (a test about threading sets its own).
 Async tests (``pytest.mark.anyio``) run on asyncio. ``SEDD_TEST_DEVICE`` picks the device of the
 device-relevant tests (``tests/helpers/devices.py``); a lane that cannot run here stops in one
-line. Shared helpers live in ``tests/helpers`` (on the path: ``pyproject.toml``)."""
+line. Shared helpers live in ``tests/helpers`` (on the path: ``pyproject.toml``); the bundled
+model is one session fixture, ``bundled_model``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 from devices import lane_problem
+
+import sedd
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -25,6 +28,12 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> sedd.Model:
+    """The bundled PBMC model on the CPU in fp32, loaded once for every test that reads it."""
+    return sedd.load(device="cpu", precision="fp32")
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from arrays import dense
 from devices import DEVICE
 from server_client import make_settings, served
 from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_model
@@ -31,10 +32,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def model(model_dir: Path) -> sedd.Model:
     return sedd.load(model_dir, device=str(DEVICE), precision="fp32")
-
-
-def dense(x: object) -> np.ndarray:
-    return x.toarray() if sp.issparse(x) else np.asarray(x)  # type: ignore[union-attr]
 
 
 def cli(*argv: str) -> None:

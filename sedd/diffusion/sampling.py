@@ -199,12 +199,10 @@ class Sampler:
     def step(self, rows: StepRows, plan: StepPlan | None = None) -> StepOutput:
         """One reverse step of every row from its t to its s (rows with s == 0 are denoised).
 
-        For callers outside the engine: reads the result back (host syncs), recomputes rows
-        whose output was not finite in fp32, and skips the forward when nothing can change.
-        Raises ``NonFiniteScoreError`` when fp32 fails too.
+        For callers outside the engine: reads the result back once (one host sync) and
+        recomputes rows whose output was not finite in fp32. Raises ``NonFiniteScoreError`` when
+        fp32 fails too. Rows with nothing left to change come back unchanged.
         """
-        if not bool(self._active(rows.x, rows.fixed).any()):
-            return StepOutput(rows.x, (), 0, np.zeros(rows.num_rows, dtype=np.int64))
         plan = StepPlan.of_rows(rows) if plan is None else plan
         proposal = self.propose(rows, plan)
         return self.settle(rows, plan, proposal, proposal.summary().cpu().numpy())

@@ -6,7 +6,7 @@ scripts), so all resolve names the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import anndata
@@ -114,8 +114,22 @@ def label_mix(
     if labels.empty:
         raise ValueError(f"`like` has no labelled cells in obs[{key!r}].")
     counts = labels.value_counts()
+    return mix_counts(loaded, {str(name): int(n) for name, n in counts.items()})
+
+
+def mix_counts(loaded: LoadedModel, counts: Mapping[str, int]) -> tuple[list[str], list[int]]:
+    """(conditions, cells of each) for a label mix ``{name: cells}``, in the model's order of
+    conditions whatever the mapping's order, so one mix always numbers its cells the same way.
+    Unknown names raise ``UnknownLabelError``; a name with 0 cells is left out."""
+    if not loaded.conditional:
+        raise ValueError("a label mix needs a conditional model: this one is unconditional.")
     order = {name: i for i, name in enumerate(loaded.conditions)}
-    names = sorted(counts.index, key=lambda name: (order.get(name, len(order)), name))
+    names = sorted(counts, key=lambda name: (order.get(name, len(order)), name))
     for name in names:
         loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
+        if counts[name] < 0:
+            raise ValueError(f"a label mix needs counts >= 0, got {counts[name]} for {name!r}.")
+    names = [name for name in names if counts[name] > 0]
+    if not names:
+        raise ValueError("the label mix asks for no cells: give at least one count above 0.")
     return names, [int(counts[name]) for name in names]

@@ -37,6 +37,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in (
         (401, "missing or wrong API key"),
+        (404, "the body's `model` is not the served model"),
         (413, "request body over max_body_bytes"),
         (422, "a field is out of bounds or names something the model does not know"),
         (429, "the queue is full; see Retry-After"),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
+from arrays import dense
 from devices import DEVICE, ON_CUDA
 from server_client import make_settings, served
 
@@ -49,10 +49,6 @@ def small_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def small(small_dir: Path) -> sedd.Model:
     return sedd.load(small_dir, device=DEVICE, precision="fp32")
-
-
-def dense(x: object) -> np.ndarray:
-    return x.toarray() if sp.issparse(x) else np.asarray(x)  # type: ignore[union-attr]
 
 
 def test_a_rows_scores_are_bit_identical_at_a_fixed_block_shape(model: sedd.Model) -> None:

@@ -138,14 +138,17 @@ def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():
             assert len(calls) >= steps * -(-rows // 2)
     finally:
         hook.remove()
-    # a step that finds nothing masked runs no forward and is not counted
+    # a standalone step that finds nothing masked (one read-back, no pre-check sync) runs its
+    # forward, counts it, and leaves every token and row as it was
     x = torch.zeros(3, GENES, dtype=torch.long)
     rows = StepRows.of_request(
         x, 0.5, 0.0, labels=torch.ones(3, dtype=torch.long),
         cell_types=torch.zeros(3, dtype=torch.long),
     )  # fmt: skip
     out = EulerSampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32).step(rows)
-    assert out.model_calls == 0 and torch.equal(out.tokens, x)
+    assert out.model_calls == 1 and torch.equal(out.tokens, x)
+    assert out.fp32_fallback_rows == () and out.active is not None
+    assert out.active.tolist() == [0, 0, 0]
 
 
 def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():

@@ -23,8 +23,8 @@ ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 
 
 @pytest.fixture(scope="module")
-def pbmc() -> sedd.Model:
-    return sedd.load(device="cpu", precision="fp32")
+def pbmc(bundled_model: sedd.Model) -> sedd.Model:
+    return bundled_model
 
 
 def test_bundled_model_cells_carry_bulk_labels_seed_and_stream(

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from arrays import dense
 
 from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts
 from sedd.io.tokens import (
@@ -296,10 +297,6 @@ def test_write_cells_h5ad_writes_csr_int32_at_any_gene_count_and_density(
         back = anndata.read_h5ad(write_cells_h5ad(tmp_path / f"{name}.h5ad", counts, genes, {}, {}))
         assert isinstance(back.X, sp.csr_matrix) and back.X.dtype == np.int32
         np.testing.assert_array_equal(back.X.toarray(), dense(counts))
-
-
-def dense(counts: np.ndarray | sp.csr_matrix) -> np.ndarray:
-    return counts.toarray() if sp.issparse(counts) else counts
 
 
 def test_write_cells_h5ad_rejects_mismatched_genes_and_non_counts(tmp_path: Path) -> None:

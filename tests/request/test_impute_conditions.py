@@ -10,8 +10,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-import scipy.sparse as sp
 import torch
+from arrays import dense
 from server_client import make_settings, served
 from server_models import GENES, PERTURBATIONS, save_tiny_model
 
@@ -23,13 +23,9 @@ from sedd.request.imputation import ImputationConditionNote
 LABELS = ["CD14+ Monocyte", "CD19+ B", "CD14+ Monocyte", "Dendritic", "CD56+ NK", "CD19+ B"]
 
 
-def dense(x) -> np.ndarray:
-    return x.toarray() if sp.issparse(x) else np.asarray(x)
-
-
 @pytest.fixture(scope="module")
-def model() -> sedd.Model:
-    return sedd.load(precision="fp32", device="cpu")
+def model(bundled_model: sedd.Model) -> sedd.Model:
+    return bundled_model
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,16 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 import pytest
-import scipy.sparse as sp
+from arrays import dense
 
 import sedd
 from sedd.cli import main
 from sedd.defaults import BUNDLED_DATA
 
 
-def dense(x) -> np.ndarray:
-    return x.toarray() if sp.issparse(x) else np.asarray(x)
-
-
 @pytest.fixture(scope="module")
-def model() -> sedd.Model:
-    return sedd.load(precision="fp32", device="cpu")
+def model(bundled_model: sedd.Model) -> sedd.Model:
+    return bundled_model
 
 
 @pytest.fixture(scope="module")

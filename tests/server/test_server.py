@@ -261,7 +261,8 @@ async def test_impute_drops_unknown_genes_and_clips_on_request(model_dir: Path) 
             "/generate",
             {"condition": "KRAS", "extra": 1},
             ["body", "extra"],
-            "Extra inputs are not permitted",
+            "unknown field 'extra' (fields: steps, time_grid, sampler, temperature, seed, format, "
+            "timeout_s, model, num_cells, condition, conditions, cell_type)",
         ),
         (
             "/predict",

@@ -12,7 +12,9 @@ from sedd.defaults import DEFAULT_MODEL
 
 
 @pytest.mark.anyio
-async def test_the_bundled_cell_type_model_says_nothing_of_perturbations() -> None:
+async def test_the_bundled_cell_type_model_says_nothing_of_perturbations(
+    bundled_model: sedd.Model,
+) -> None:
     async with served(make_settings(DEFAULT_MODEL)) as (client, _):
         listed = (await client.get("/v1/models")).json()["data"][0]
         one = await client.get(f"/v1/models/{listed['id']}")
@@ -26,7 +28,7 @@ async def test_the_bundled_cell_type_model_says_nothing_of_perturbations() -> No
     [error] = unknown.json()["detail"]
     assert error["type"] == "unknown_condition" and error["loc"] == ["body", "condition"]
     assert error["msg"].startswith("unknown condition 'CD19 B'; did you mean 'CD19+ B'")
-    model = sedd.load(precision="fp32", device="cpu")
+    model = bundled_model
     with pytest.raises(ValueError, match=r"^unknown condition 'CD19 B'"):
         model.generate(1, condition="CD19 B", steps=1)
     card = model_card(model.loaded)
