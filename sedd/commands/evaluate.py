@@ -98,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Heavy imports here, so other sub-commands don't pay for them.
+    from sedd.eval.label_mix import compare_label_mixes
     from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays
     from sedd.eval.plots import write_evaluation_plots
 
@@ -139,6 +140,11 @@ def run(args: argparse.Namespace) -> int:
     )
     inputs = _inputs(args, n_real_file, real, gen, len(genes), real_key, gen_key)
     result = {"inputs": inputs, **result}
+    if real_key and gen_key:
+        mix = compare_label_mixes(real.obs[real_key], gen.obs[gen_key])
+        result["label_mix"] = mix.as_dict()
+        if (warning := mix.warning(real_key, str(args.generated))) is not None:
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     _report(console, args, result, arrays, write_evaluation_plots)
     return 0
 

@@ -14,6 +14,7 @@ from threadpoolctl import threadpool_limits
 from sedd.commands import evaluate
 from sedd.eval.distances import energy_distance, frechet_distance, knn_auc, mmd2_unbiased
 from sedd.eval.gene_metrics import correlation_error, log_normalize
+from sedd.eval.label_mix import compare_label_mixes
 from sedd.eval.metrics import evaluate_counts
 
 N_GENES = 40
@@ -225,7 +226,9 @@ def test_cli_writes_metrics_json_and_three_plots(tmp_path):
     assert args.func(args) == 0
 
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    assert set(metrics) == {"inputs", "overall", "per_condition", "params"}
+    assert set(metrics) == {"inputs", "overall", "per_condition", "params", "label_mix"}
+    assert metrics["label_mix"]["real"] == {"ctrl": 30, "stim": 30}
+    assert metrics["label_mix"]["total_variation"] == 0.0 and metrics["label_mix"]["matched"]
     assert metrics["inputs"]["genes_shared"] == N_GENES - 1
     assert metrics["inputs"]["real_cells_used"] == 60
     assert metrics["inputs"]["condition_key_real"] == "perturbation"
@@ -235,6 +238,32 @@ def test_cli_writes_metrics_json_and_three_plots(tmp_path):
         assert isinstance(metrics["overall"][name], float)
     for png in ("pca_overlay.png", "gene_means.png", "correlation_matrices.png"):
         assert (tmp_path / "eval" / png).stat().st_size > 1000
+
+
+def test_cli_warns_when_the_label_mixes_differ_and_reports_each_label(tmp_path, capsys):
+    real = np.vstack([latent_counts(36, 0), latent_counts(4, 1, shift=STIM_SHIFT)])
+    _write_h5ad(tmp_path / "real.h5ad", real, GENES, {"perturbation": ["ctrl"] * 36 + ["stim"] * 4})
+    gen = np.vstack([latent_counts(20, 2), latent_counts(20, 3, shift=STIM_SHIFT)])
+    _write_h5ad(tmp_path / "gen.h5ad", gen, GENES, {"perturbation": ["ctrl"] * 20 + ["stim"] * 20})
+    argv = ["--real", str(tmp_path / "real.h5ad"), "--generated", str(tmp_path / "gen.h5ad")]
+    assert _evaluate_cli(*argv, "--out-dir", str(tmp_path / "eval"), "--n-pcs", "5") == 0
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+    assert "warning: the label mixes differ (total variation 0.40" in printed
+    assert "real: 36 ctrl, 4 stim; generated: 20 ctrl, 20 stim" in printed
+    assert "--like <real .h5ad> --condition-key perturbation" in printed
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["label_mix"]["total_variation"] == 0.4 and not metrics["label_mix"]["matched"]
+    assert set(metrics["per_condition"]) == {"ctrl", "stim"}  # each label's own figures
+    assert metrics["per_condition"]["stim"]["n_real"] == 4
+
+
+def test_label_mixes_compare_as_proportions():
+    same = compare_label_mixes(["a", "a", "b"], ["b", "a", "a", "a", "b", "a"])
+    assert same.total_variation == 0.0 and same.matched and same.warning("k", "g") is None
+    apart = compare_label_mixes(["a", "a", None, float("nan")], ["b", "a"])
+    assert apart.real == {"a": 2} and apart.total_variation == 0.5 and not apart.matched
+    with pytest.raises(ValueError, match="labelled cells on both sides"):
+        compare_label_mixes([None], ["a"])
 
 
 def test_cli_errors_name_the_problem(tmp_path):
