@@ -33,6 +33,7 @@ from sedd.request.imputation import (
     dropped_genes_warning,
     imputation_conditions,
     imputation_from_anndata,
+    with_cell_types,
 )
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan
 from sedd.request.provenance import run_provenance
@@ -230,6 +231,7 @@ class Model:
         condition: str | None = None,
         condition_key: str | None = None,
         cell_type: str | None = None,
+        cell_type_key: str | None = None,
         steps: int | None = None,
         time_grid: TimeGrid | None = None,
         sampler: Predictor = "euler",
@@ -249,11 +251,16 @@ class Model:
         Conditional models impute each cell under its own label from the obs column
         ``condition_key``, or all under ``condition``; with neither, under each cell's label in
         the model's training key (e.g. ``bulk_labels``) when ``adata`` has that column (a
-        warning says so), else under the control. The result keeps the input's cell names and
-        every obs column (one we also write, with other values, as ``input_<name>``), and has
-        ``var["observed"]``. Same cells as ``sedd impute`` for the same parameters.
+        warning says so), else under the control. Models with cell types take one for all
+        (``cell_type``) or each cell's own from the obs column ``cell_type_key``. The result
+        keeps the input's cell names and every obs column (one we also write, with other
+        values, as ``input_<name>``), and has ``var["observed"]``. Same cells as ``sedd impute``
+        for the same parameters.
         """
+        if cell_type is not None and cell_type_key is not None:
+            raise ValueError("pass `cell_type` (one for all) or `cell_type_key`, not both.")
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
+        imputation = with_cell_types(self.loaded, imputation, cell_type_key=cell_type_key)
         dropped_genes_warning(imputation)
         sampling = sampling or SamplingOptions.resolve(
             steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,

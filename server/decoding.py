@@ -20,6 +20,7 @@ from sedd.request.imputation import (
     NoKnownGenesError,
     imputation_from_counts,
     label_runs,
+    with_cell_types,
 )
 from server.config import Settings
 from server.errors import FieldError
@@ -96,6 +97,22 @@ def mix(loaded: LoadedModel, counts: Mapping[str, int]) -> tuple[list[str], list
         ) from None
     except ValueError as err:  # an unconditional model
         raise FieldError(["body", "conditions"], str(err), input=dict(counts)) from None
+
+
+def cell_types(loaded: LoadedModel, imputation: Imputation, names: Sequence[str]) -> Imputation:
+    """``imputation`` with a cell type per cell, checked (``with_cell_types``)."""
+    try:
+        return with_cell_types(loaded, imputation, cell_types=names)
+    except UnknownLabelError as err:
+        raise FieldError(
+            ["body", "cell_types", list(names).index(err.name)],
+            str(err),
+            type="unknown_cell_type",
+            input=err.name,
+            ctx={"suggestions": err.suggestions},
+        ) from None
+    except ValueError as err:  # a model without cell types
+        raise FieldError(["body", "cell_types"], str(err), input=list(names[:5])) from None
 
 
 def predicted_conditions(

@@ -211,6 +211,12 @@ class ImputeRequest(SamplingOptions):
         description="a condition per cell (one per row of `counts`), instead of `condition`",
     )
     cell_type: Name | None = None
+    cell_types: list[Name] | None = Field(
+        default=None,
+        max_length=HARD_MAX_CELLS,
+        description="a cell type per cell (one per row of `counts`; models with cell types), "
+        "instead of `cell_type`",
+    )
     clip: bool = Field(
         default=False,
         description="clip counts above the model's largest count instead of refusing them",
@@ -233,12 +239,22 @@ class ImputeRequest(SamplingOptions):
             )
         if per_cell is not None and self.condition is not None:
             raise ValueError("pass `condition` or `cell_conditions`, not both")
+        types = self.cell_types
+        if types is not None and len(types) != len(self.counts):
+            raise ValueError(
+                f"`cell_types` names {len(types)} cell types but `counts` has "
+                f"{len(self.counts)} cells: give one per cell"
+            )
+        if types is not None and self.cell_type is not None:
+            raise ValueError("pass `cell_type` or `cell_types`, not both")
         return self
 
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
         sampling = self.to_sampling(settings)
         decoding.check_cells(settings, len(self.counts), "counts")
         imputation = decoding.imputation(loaded, self.genes, self.counts, self.clip)
+        if self.cell_types is not None:
+            imputation = decoding.cell_types(loaded, imputation, self.cell_types)
         if self.cell_conditions is not None:
             names, counts = decoding.cell_conditions(loaded, self.cell_conditions)
             return GenerationRequest.of(
@@ -416,6 +432,8 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
             _non_null(condition)["enum"] = list(names)
         if cell_type is not None and cell_types:
             _non_null(cell_type)["enum"] = list(cell_types)
+    if (found := prop("ImputeRequest", "cell_types")) is not None and cell_types:
+        _non_null(found)["items"]["enum"] = list(cell_types)
     if (found := prop("PredictRequest", "perturbations")) is not None and names is not None:
         found["items"]["enum"] = list(names)
         found.update(maxItems=len(names), uniqueItems=True)

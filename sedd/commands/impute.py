@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="COLUMN",
         help="obs column giving each cell its own condition (scvi-tools' labels_key)",
     )
+    p.add_argument(
+        "--cell-type-key",
+        metavar="COLUMN",
+        help="obs column giving each cell its own cell type (models with cell types; instead "
+        "of --cell-type)",
+    )
     p.add_argument("--clip", action="store_true", help="clip counts above the model's vocabulary")
     add_model_arguments(p)
     add_sampling_arguments(p)
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         dropped_genes_warning,
         imputation_conditions,
         imputation_from_anndata,
+        with_cell_types,
     )
 
     data = args.data or args.input
@@ -54,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
     check_writable(args.out or args.default_out)  # before the work, not after it
     loaded = load_from_args(args)
+    if args.cell_type is not None and args.cell_type_key is not None:
+        raise ValueError("pass --cell-type (one for all) or --cell-type-key (per cell), not both.")
     imputation = imputation_from_anndata(loaded, data, layer=args.layer, clip=args.clip)
+    imputation = with_cell_types(loaded, imputation, cell_type_key=args.cell_type_key)
     dropped_genes_warning(imputation)
     conditions, counts = imputation_conditions(
         loaded, imputation, args.condition, args.condition_key

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anndata
@@ -34,7 +34,8 @@ class Imputation:
     ``x_init`` (N, G) holds the observed tokens and the mask elsewhere; ``fixed`` (N, G) marks
     the observed positions; ``genes`` are the observed genes, as given, and ``dropped_genes``
     those given that the model does not have. ``obs`` (when the input is an AnnData) is its
-    ``obs``: the output's cells keep its names and columns. CPU tensors.
+    ``obs``: the output's cells keep its names and columns. ``cell_types`` (models with cell
+    types) gives each cell its own (``with_cell_types``). CPU tensors.
     """
 
     x_init: torch.Tensor  # (N, G) long
@@ -42,6 +43,7 @@ class Imputation:
     genes: tuple[str, ...]
     dropped_genes: tuple[str, ...] = ()
     obs: pd.DataFrame | None = None
+    cell_types: tuple[str, ...] | None = None  # one per cell
 
     @property
     def num_cells(self) -> int:
@@ -194,3 +196,44 @@ def imputation_conditions(
         )
     names, counts = label_runs([str(v) for v in labels])
     return tuple(names), tuple(counts)
+
+
+def with_cell_types(
+    loaded: LoadedModel,
+    imputation: Imputation,
+    cell_types: Sequence[str] | None = None,
+    cell_type_key: str | None = None,
+) -> Imputation:
+    """``imputation`` with a cell type per cell: ``cell_types`` (one per cell, as the server
+    takes them) or the input's obs column ``cell_type_key``. Unknown names raise
+    ``UnknownLabelError`` with suggestions."""
+    if cell_types is None and cell_type_key is None:
+        return imputation
+    if not loaded.config.cell_types:
+        field = "cell_type_key" if cell_type_key is not None else "cell_types"
+        raise ValueError(f"`{field}` must be left out: this model has no cell types.")
+    if cell_type_key is not None:
+        obs = imputation.obs
+        if obs is None or cell_type_key not in obs.columns:
+            columns = [] if obs is None else [str(c) for c in obs.columns]
+            raise ValueError(
+                f"`cell_type_key` {cell_type_key!r} is not a column of the data's obs (columns: "
+                f"{', '.join(columns[:10]) or 'none'}); pass one of them."
+            )
+        column = obs[cell_type_key]
+        if column.isna().any():
+            first = str(obs.index[column.isna().to_numpy()][0])
+            raise ValueError(
+                f"`cell_type_key` {cell_type_key!r} has no cell type for cell {first!r}; fill "
+                "it or pass `cell_type` for one cell type for all."
+            )
+        cell_types = [str(v) for v in column]
+    names = tuple(cell_types or ())
+    if len(names) != imputation.num_cells:
+        raise ValueError(
+            f"`cell_types` names {len(names)} cell types for {imputation.num_cells} cells: "
+            "give one per cell."
+        )
+    for name in dict.fromkeys(names):
+        loaded.cell_type_index(name)  # raises UnknownLabelError with suggestions
+    return replace(imputation, cell_types=names)

@@ -187,7 +187,8 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
     Columns: the label under each of ``config.label_columns`` (conditional models: ``condition``,
     the training key such as ``bulk_labels``, ``perturbation`` for perturbation models),
     ``condition_idx``, ``sample_idx`` (the cell's number within its condition), ``cell_type``
-    (when one is given), ``seed`` and ``cell_index``: the cell draws from stream (seed, cell_index).
+    (when one is given, or one per imputed cell), ``seed`` and ``cell_index``: the cell draws
+    from stream (seed, cell_index).
     """
     known, conditional = loaded.conditions, loaded.conditional
     if conditional and not request.conditions:
@@ -222,6 +223,10 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         frame["sample_idx"] = cell_index
     if request.cell_type is not None:
         frame["cell_type"] = request.cell_type
+    if imputed is not None and imputed.cell_types is not None:
+        if request.cell_type is not None:
+            raise ValueError("pass one `cell_type` or a cell type per cell, not both.")
+        frame["cell_type"] = list(imputed.cell_types)
     frame["seed"] = request.seed
     frame["cell_index"] = cell_index
     if imputed is not None and imputed.obs is not None:

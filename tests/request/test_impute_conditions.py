@@ -13,7 +13,7 @@ import pytest
 import torch
 from arrays import dense
 from server_client import make_settings, served
-from server_models import GENES, PERTURBATIONS, save_tiny_model
+from server_models import CELL_TYPES, GENES, PERTURBATIONS, save_tiny_model
 
 import sedd
 from sedd.cli import main
@@ -120,3 +120,55 @@ async def test_http_takes_a_condition_per_cell(tmp_path: Path) -> None:
     assert unknown.status_code == 422
     [error] = unknown.json()["detail"]
     assert error["loc"] == ["body", "cell_conditions", 1]
+
+
+@pytest.mark.anyio
+async def test_each_cell_keeps_its_own_cell_type_in_every_door(tmp_path: Path) -> None:
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    tiny = sedd.load(model_dir, precision="fp32", device="cpu")
+    seen: list[list[int]] = []  # the cell types each forward received
+    tiny.loaded.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["cell_types"].tolist()), with_kwargs=True
+    )
+    types = ["B", "T", "B"]
+    counts = [[1, 0], [0, 2], [3, 1]]
+    data = ad.AnnData(
+        np.asarray(counts),
+        obs=pd.DataFrame({"ct": types, "donor": ["d1", "d2", "d1"]}, index=["x", "y", "z"]),
+        var=pd.DataFrame(index=GENES[:2]),
+    )
+    api = tiny.impute(data, condition=PERTURBATIONS[1], cell_type_key="ct", steps=3, seed=2)
+    assert list(api.obs["cell_type"]) == types and list(api.obs["donor"]) == ["d1", "d2", "d1"]
+    # a cell imputed among others equals that cell imputed alone under its cell type
+    alone = tiny.impute(data[1:2], condition=PERTURBATIONS[1], cell_type="T", steps=3, seed=2)
+    among = tiny.impute(data[1:2], condition=PERTURBATIONS[1], cell_type_key="ct", steps=3, seed=2)
+    np.testing.assert_array_equal(dense(among.X), dense(alone.X))
+    assert seen[0][:3] == [CELL_TYPES.index(name) for name in types]  # each row its own
+    data.write_h5ad(tmp_path / "data.h5ad")
+    out = tmp_path / "cli.h5ad"
+    argv = ["impute", str(tmp_path / "data.h5ad"), "--model", str(model_dir), "--condition",
+            PERTURBATIONS[1], "--cell-type-key", "ct", "--steps", "3", "--seed", "2",
+            "--precision", "fp32", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    np.testing.assert_array_equal(dense(ad.read_h5ad(out).X), dense(api.X))
+    body = {"genes": GENES[:2], "counts": counts, "condition": PERTURBATIONS[1],
+            "cell_types": types, "steps": 3, "seed": 2}  # fmt: skip
+    async with served(make_settings(model_dir, device="cpu")) as (client, _):
+        response = await client.post("/impute", json=body)
+        unknown = await client.post("/impute", json={**body, "cell_types": ["B", "Tc", "B"]})
+        both = await client.post("/impute", json={**body, "cell_type": "B"})
+    assert response.status_code == 200, response.text
+    np.testing.assert_array_equal(np.asarray(response.json()["counts"]), dense(api.X))
+    assert [cell["cell_type"] for cell in response.json()["cells"]] == types
+    [error] = unknown.json()["detail"]
+    assert error["loc"] == ["body", "cell_types", 1] and "did you mean 'T'" in error["msg"]
+    assert both.status_code == 422 and "not both" in both.text
+    with pytest.raises(ValueError, match=r"`cell_type_key` 'nope' is not a column .*ct, donor"):
+        tiny.impute(data, condition=PERTURBATIONS[1], cell_type_key="nope", steps=1)
+
+
+def test_a_model_without_cell_types_refuses_a_cell_type_key(
+    model: sedd.Model, real: ad.AnnData
+) -> None:
+    with pytest.raises(ValueError, match=r"^`cell_type_key` must be left out: this model has no"):
+        model.impute(real, cell_type_key="bulk_labels", steps=1)
