@@ -58,7 +58,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(f"sedd.commands.{name}").register(subparsers)
+    for command in subparsers.choices.values():
+        command.formatter_class = DefaultsFormatter
     return parser, dict(subparsers.choices)
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that ends each option with its default, unless the help already says it or there
+    is none to say (no default, or a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text, default = action.help, action.default
+        if not text or "default" in text or not action.option_strings:
+            return text
+        if default is None or default is False or default is argparse.SUPPRESS:
+            return text
+        if isinstance(default, (list, tuple)):
+            default = " ".join(str(v) for v in default)
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
 def _options(parser: argparse.ArgumentParser) -> list[str]:

@@ -30,14 +30,24 @@ class Settings(BaseSettings):
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
         default="auto", description="autocast dtype of the model forward (docs/precision.md)"
     )
-    max_cells_per_request: int = Field(default=256, ge=1, le=100_000)
-    max_steps: int = Field(default=1000, ge=1, le=100_000)
-    max_body_bytes: int = Field(default=4 * 2**20, ge=1024)
+    max_cells_per_request: int = Field(
+        default=256, ge=1, le=100_000, description="most cells one request may ask for"
+    )
+    max_steps: int = Field(
+        default=1000, ge=1, le=100_000, description="most reverse steps one request may ask for"
+    )
+    max_body_bytes: int = Field(
+        default=4 * 2**20, ge=1024, description="largest request body (413 above it)"
+    )
     body_timeout_s: float = Field(
         default=30.0, gt=0, description="a request body must arrive within this many seconds"
     )
-    max_queued_jobs: int = Field(default=64, ge=1)
-    max_rows_per_forward: int = Field(default=256, ge=1)
+    max_queued_jobs: int = Field(
+        default=64, ge=1, description="requests waiting or running at once (429 above it)"
+    )
+    max_rows_per_forward: int = Field(
+        default=256, ge=1, description="cells the engine steps together, over all requests"
+    )
     tokens_per_forward: int | None = Field(
         default=None, ge=1, description="rows x genes per model forward (the fixed row block)"
     )
@@ -46,14 +56,18 @@ class Settings(BaseSettings):
         description="replay each forward block from a captured CUDA graph (CUDA only; never "
         "changes a cell)",
     )
-    request_timeout_s: float = Field(default=600.0, gt=0)
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="longest a request may take (504 after it)"
+    )
     drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: wait this long")
     api_key: SecretStr | None = Field(
         default=None, description="bearer key every route but /healthz needs; unset: no auth"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    host: str = Field(default="127.0.0.1", description="interface to bind")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="log verbosity"
+    )
 
     def resolved_device(self) -> str:
         """``auto`` -> ``cuda`` when available, else ``cpu``."""

@@ -1,62 +1,59 @@
 """``sedd serve``: the HTTP service (``server.app``) under uvicorn.
 
 Settings come from ``SEDD_*`` environment variables (``server.config.Settings``); the flags
-given here override them. The API key is read from ``SEDD_API_KEY`` only, never from a flag
-(command lines are visible to every user of the machine).
+given here override them. Every setting but the API key has a flag, generated from the settings'
+own fields, so ``sedd serve --help`` lists each with its variable and default. The API key is
+read from ``SEDD_API_KEY`` only, never from a flag (command lines are visible to every user of
+the machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import types
+import typing
+from typing import Any
 
-from sedd.commands.args import add_cuda_graphs_argument
+ENV_ONLY = ("api_key",)  # secrets: never a flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from server.config import Settings  # pydantic only: the web stack waits for `run`
+
     p = subparsers.add_parser(
         "serve",
         help="serve a model over HTTP (generate, predict, impute, metrics)",
-        description="Start the inference service. Every option can also be set as an "
-        "environment variable SEDD_<OPTION> (e.g. SEDD_MAX_STEPS=100, SEDD_API_KEY=...); "
-        "flags win over the environment.",
+        description="Start the inference service. Every setting below is also the environment "
+        "variable in its help (SEDD_<NAME>); a flag wins over the environment. The API key is "
+        "SEDD_API_KEY only (a bearer key every route but /healthz then needs; unset: no key).",
     )
-    p.add_argument("--host", help="interface to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
-    p.add_argument(
-        "--model",
-        "--checkpoint-dir",
-        dest="model",
-        metavar="PATH",
-        help="checkpoint to serve (default: the bundled models/pbmc_default)",
-    )
-    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1, ...")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp16", "fp32"])
-    add_cuda_graphs_argument(p)
-    p.add_argument("--max-cells-per-request", type=int)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--max-queued-jobs", type=int)
-    p.add_argument("--max-rows-per-forward", type=int)
-    p.add_argument("--tokens-per-forward", type=int)
-    p.add_argument("--request-timeout-s", type=float)
-    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    for name, field in Settings.model_fields.items():
+        if name in ENV_ONLY:
+            continue
+        flags = [f"--{name.replace('_', '-')}"] + (["--checkpoint-dir"] if name == "model" else [])
+        p.add_argument(*flags, dest=name, help=_help(name, field), **_kind(field.annotation))
     p.set_defaults(func=run)
 
 
-_FLAGS = (
-    "host",
-    "port",
-    "model",
-    "device",
-    "precision",
-    "max_cells_per_request",
-    "max_steps",
-    "max_queued_jobs",
-    "max_rows_per_forward",
-    "tokens_per_forward",
-    "cuda_graphs",
-    "request_timeout_s",
-    "log_level",
-)
+def _help(name: str, field: Any) -> str:
+    default = field.default
+    if name == "model":
+        default = "the bundled models/pbmc_default"
+    shown = "none" if default is None else default
+    what = f"{field.description}; " if field.description else ""
+    return f"{what}env SEDD_{name.upper()}, default {shown}".replace("%", "%%")
+
+
+def _kind(annotation: Any) -> dict[str, Any]:
+    """argparse's type, choices or action for a settings field's annotation."""
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction, "default": None}
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": list(typing.get_args(annotation))}
+    metavar = {int: "N", float: "X", str: "TEXT"}.get(annotation, "PATH")
+    return {"type": annotation, "metavar": metavar}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     from server.config import Settings
     from server.serve import serve
 
-    overrides = {name: getattr(args, name) for name in _FLAGS if getattr(args, name) is not None}
+    names = [name for name in Settings.model_fields if name not in ENV_ONLY]
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as err:

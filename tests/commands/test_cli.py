@@ -67,3 +67,30 @@ def test_no_flag_means_two_things() -> None:
             assert name == "predict" and flags["--perturbations"].nargs == "+"
         if name in ("generate", "predict", "impute", "info", "convert", "precision-report"):
             assert flags["--perturbation-map"].dest == "perturbation_map"
+
+
+def test_serve_help_lists_every_setting_with_its_variable_and_default() -> None:
+    from server.config import Settings
+
+    _, commands = build_parser()
+    text = " ".join(commands["serve"].format_help().split())  # argparse wraps lines
+    for name, field in Settings.model_fields.items():
+        assert f"SEDD_{name.upper()}" in text, name
+        if name not in ("api_key", "model"):
+            shown = "none" if field.default is None else field.default
+            assert f"SEDD_{name.upper()}, default {shown}" in text, name
+    assert "--api-key" not in text  # a secret is never a flag
+    args = _parse(
+        ["serve", "--max-body-bytes", "2048", "--drain-timeout-s", "3", "--no-cuda-graphs"]
+    )
+    assert (args.max_body_bytes, args.drain_timeout_s, args.cuda_graphs) == (2048, 3.0, False)
+    assert args.max_steps is None  # a flag left out leaves the environment's value
+
+
+def test_help_says_each_default() -> None:
+    _, commands = build_parser()
+    text = " ".join(commands["bench"].format_help().split())
+    assert "sampling steps (+1 final denoise) (default: 8)" in text
+    assert "fp32 is the baseline (default: fp32 bf16)" in text
+    assert "chunk k uses seed * 1000 + k (default: 0)" in text
+    assert "(default: cuda if any)" in text and "(default: cuda if any) (default" not in text
