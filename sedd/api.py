@@ -14,9 +14,11 @@ random stream (seed, i).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import anndata
 import torch
@@ -40,7 +42,38 @@ from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
+
+def _warns_at_caller(method: Callable[P, R]) -> Callable[P, R]:
+    """The library's warnings during ``method`` point at the user's line, not at ours, each
+    distinct one once per call; the user's warning filters still decide what shows."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]
+                warnings.simplefilter("always")
+                return method(*args, **kwargs)
+        finally:
+            _warn_again(caught)
+
+    return wrapper
+
+
+def _warn_again(caught: list[warnings.WarningMessage]) -> None:
+    seen: set[tuple[type[Warning], str]] = set()
+    for item in caught:
+        key = (item.category, str(item.message))
+        if key not in seen:
+            seen.add(key)
+            # stack: _warn_again, the wrapper, the user's call
+            warnings.warn(item.message, item.category, stacklevel=3)
+
+
+@_warns_at_caller
 def load(
     path: str | Path | None = None,
     *,
@@ -142,6 +175,7 @@ class Model:
         record.pop("fp32_fallbacks")
         return record
 
+    @_warns_at_caller
     def generate(
         self,
         num_cells: int | None = None,
@@ -192,6 +226,7 @@ class Model:
             names = self.conditions
         return self._run(self._request(num_cells, names, cell_type, sampling), progress)
 
+    @_warns_at_caller
     def predict(
         self,
         perturbations: str | Sequence[str] | None,
@@ -223,6 +258,7 @@ class Model:
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress)
 
+    @_warns_at_caller
     def impute(
         self,
         adata: anndata.AnnData | str | Path,

@@ -12,7 +12,6 @@ each is done;
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sedd.checkpoints import LoadedModel
 from sedd.diffusion.sampling import block_rows_for
 from sedd.engine import Engine, EngineJob, JobProgress, JobResult, run_jobs
 from sedd.engine.monitor import Monitor, MonitorSnapshot
@@ -56,8 +54,6 @@ def run_plan(
     ``on_batch`` (a run of any size then holds a few batches at a time; ``counts`` is None).
     """
     loaded, request = plan.loaded, plan.request
-    if loaded.config.genes_by_position:
-        warnings.warn(positional_genes_warning(loaded), PositionalGenesWarning, stacklevel=2)
     cells = cell_range if cell_range is not None else range(len(plan))
     if cells.start < 0 or cells.stop > len(plan):
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
@@ -99,20 +95,6 @@ def run_plan(
         list(loaded.config.genes),
         plan.cells.iloc[cells.start : cells.stop],
         stats,
-    )
-
-
-class PositionalGenesWarning(UserWarning):
-    """The model's genes have no names: the output's var_names are positions."""
-
-
-def positional_genes_warning(loaded: LoadedModel) -> str:
-    last = loaded.config.num_genes - 1
-    return (
-        f"GENES ARE POSITIONAL: {loaded.path} has no gene names, so the cells' var_names are "
-        f"'0'..'{last}', not genes; scanpy, cell-eval and any gene lookup will be wrong. Pass "
-        "--genes FILE (one name a line, or an .h5ad whose var_names are used; job scripts: "
-        "GENES_FILE=FILE; Python: sedd.load(..., genes=FILE))."
     )
 
 

@@ -179,12 +179,6 @@ def with_label_files(
     new_vectors = parts.vectors
     if genes is not None:
         update |= {"genes": read_gene_list(genes, config.num_genes), "genes_by_position": False}
-    elif config.genes_by_position and warn_positional:
-        notes.append(
-            f"no gene list for {parts.weights_file}: genes are named by position "
-            f"('0'..'{config.num_genes - 1}'). Pass --genes FILE (one name a line, or an h5ad "
-            "whose var_names are used; job scripts: GENES_FILE=FILE) to name them."
-        )
     vector_dim = getattr(config.arch, "precomputed_emb_dim", None)
     if (perturbations is not None or vectors is not None) and not config.num_perturbations:
         raise CheckpointError(
@@ -216,3 +210,17 @@ def with_label_files(
         )
     new_config = ModelConfig.model_validate(config.model_copy(update=update).model_dump())
     return dataclasses.replace(parts, config=new_config, vectors=new_vectors, notes=notes)
+
+
+class PositionalGenesWarning(UserWarning):
+    """The model's genes have no names: the output's var_names are positions."""
+
+
+def positional_genes_warning(path: Path, num_genes: int) -> str:
+    return (
+        f"GENES ARE POSITIONAL: {path} has no gene names, so the cells' var_names are "
+        f"'0'..'{num_genes - 1}', not genes; scanpy, cell-eval and any gene lookup will be "
+        "wrong. Pass --genes FILE (one name a line, or an .h5ad whose var_names are used; job "
+        "scripts: GENES_FILE=FILE; Python: sedd.load(..., genes=FILE))."
+    )
+

@@ -27,7 +27,11 @@ from pydantic import ValidationError
 
 from sedd.checkpoints import reference, st3
 from sedd.checkpoints.io import CheckpointError, CheckpointNotFoundError, read_json
-from sedd.checkpoints.labels import with_label_files
+from sedd.checkpoints.labels import (
+    PositionalGenesWarning,
+    positional_genes_warning,
+    with_label_files,
+)
 from sedd.checkpoints.loaded import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -137,6 +141,9 @@ def load_checkpoint(
         )
     for note in parts.notes:
         warnings.warn(note, UserWarning, stacklevel=2)
+    if parts.config.genes_by_position:
+        warning = positional_genes_warning(path, parts.config.num_genes)
+        warnings.warn(warning, PositionalGenesWarning, stacklevel=2)
 
     model = build_checked_model(parts)
     model = model.to(device=device, dtype=torch.float32).eval()

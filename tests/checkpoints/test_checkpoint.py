@@ -38,7 +38,7 @@ from sedd.cli import main
 from sedd.commands import args as command_args
 from sedd.commands import loading
 
-pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
+pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
 
 
 @pytest.fixture(autouse=True)
@@ -374,7 +374,7 @@ def test_cli_reports_bad_input_as_a_clean_error(
     assert main(["info", str(tmp_path / "missing")]) == 2
     assert "missing does not exist" in capsys.readouterr().err
     assert main(["info", str(ST3 / "tiny_mlm")]) == 0
-    assert "warning: no gene list" in capsys.readouterr().err
+    assert "warning: GENES ARE POSITIONAL" in capsys.readouterr().err
 
 
 def test_model_arguments_default_to_the_bundled_model(

@@ -13,7 +13,7 @@ from checkpoint_files import REF, ST3, TouchOnUnpickle, gene_file, load_io
 
 from sedd.checkpoints import CheckpointError, UnknownLabelError, load_checkpoint, save_native
 
-pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
+pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,7 @@ def test_unknown_label_suggests_close_names() -> None:
 
 
 def test_missing_gene_list_warns_and_names_genes_by_position() -> None:
-    with pytest.warns(UserWarning, match=r"named by position .*--genes FILE"):
+    with pytest.warns(UserWarning, match=r"GENES ARE POSITIONAL: .*--genes FILE"):
         loaded = load_checkpoint(ST3 / "tiny_mlm")
     assert loaded.config.genes[:3] == ["0", "1", "2"] and loaded.config.genes_by_position
 

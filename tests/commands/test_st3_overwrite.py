@@ -15,7 +15,7 @@ import pytest
 from sedd.commands.st3_scripts import inference_conditional
 from sedd.io.files import sha256_file
 
-pytestmark = pytest.mark.filterwarnings("ignore:no gene list", "ignore:GENES ARE POSITIONAL")
+pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
 ROOT = Path(__file__).resolve().parents[2]
 ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 

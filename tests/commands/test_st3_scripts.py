@@ -22,7 +22,7 @@ from sedd.commands.st3_scripts import (
 )
 from sedd.precision import cpu_has_native_bf16
 
-pytestmark = pytest.mark.filterwarnings("ignore:no gene list")
+pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
 
 ROOT = Path(__file__).resolve().parents[2]
 ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"

@@ -466,7 +466,7 @@ def test_bad_jobs_are_refused_naming_the_field_and_value(change, message):
 def test_uniform_graph_score_model_jobs_match_their_solo_runs():
     # The reference SEDD uniform-graph fixture: random starting tokens from each cell's seed.
     ref = Path(__file__).resolve().parents[1] / "data" / "sedd_reference" / "uniform" / "hf"
-    with pytest.warns(UserWarning, match="no gene list"):
+    with pytest.warns(UserWarning, match="GENES ARE POSITIONAL"):
         loaded = load_checkpoint(ref)
     engine = Engine.for_model(loaded, FP32)
     jobs = [

@@ -3,6 +3,7 @@ and stream in obs, names unique across runs, CSR int32 counts and real nulls in 
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import scipy.sparse as sp
 from pydantic import ValidationError
 
 import sedd
-from sedd.batch.run import PositionalGenesWarning
+from sedd.checkpoints.labels import PositionalGenesWarning
 from sedd.checkpoints.schema import ModelConfig
 from sedd.cli import main
 from sedd.defaults import DEFAULT_MODEL
@@ -99,12 +100,14 @@ def test_label_key_must_not_take_a_column_generated_cells_already_have() -> None
     assert perturbation.label_columns == ["condition", "bulk_labels", "perturbation"]
 
 
-def test_positional_genes_warn_loudly_and_are_recorded(tmp_path: Path) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the loader's own note about unnamed genes
+def test_positional_genes_warn_loudly_once_at_the_users_line_and_are_recorded() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         model = sedd.load(ST3 / "tiny_mlm", device="cpu", precision="fp32")
-    with pytest.warns(PositionalGenesWarning, match=r"GENES ARE POSITIONAL.*'0'..'63'.*GENES_FILE"):
         cells = model.generate(1, steps=1, seed=0)
+    [warning] = caught  # one warning, from the load; none from generate
+    assert warning.category is PositionalGenesWarning and warning.filename == __file__
+    assert re.search(r"GENES ARE POSITIONAL.*'0'..'63'.*GENES_FILE", str(warning.message))
     assert list(cells.var_names[:2]) == ["0", "1"]
     assert cells.uns["sedd"]["genes_by_position"] is True
     assert list(cells.obs.columns) == ["sample_idx", "seed", "cell_index"]  # unconditional
