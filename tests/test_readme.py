@@ -1,0 +1,89 @@
+"""The README's commands still run: every ``sedd`` command line in it parses with today's CLI,
+every JSON body its curl examples send is a valid body of its route, and every keyword its
+Python examples pass to ``sedd.load`` or a ``Model`` method is one that method takes.
+
+Cheap and static (nothing is sampled); the commands' behaviour is tested where each command is.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import sedd
+from sedd.cli import _parse
+from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+BODIES = {"/generate": GenerateRequest, "/predict": PredictRequest, "/impute": ImputeRequest}
+
+
+def _command_lines() -> list[str]:
+    """Every ``sedd ...`` command of 2+ arguments, in inline code or a shell block (a shorter
+    one, like ``sedd merge``, names a command rather than running it)."""
+    found = set(re.findall(r"`([^`\n]*\bsedd [a-z][^`]*)`", README))
+    for lang, block in BLOCKS:
+        if lang == "bash":
+            found |= {line for line in block.replace("\\\n", " ").splitlines() if "sedd " in line}
+    commands = []
+    for text in found:
+        command = text[text.index("sedd ") :].split("#")[0].split("&&")[0]
+        argv = shlex.split(command)[1:]
+        if len(argv) >= 3 and "/" not in argv[0]:
+            commands.append(command.strip())
+    return sorted(commands)
+
+
+COMMANDS = _command_lines()
+
+
+def test_the_readme_shows_commands_of_every_kind() -> None:
+    shown = {shlex.split(c)[1] for c in COMMANDS}
+    assert {"generate", "predict", "impute", "merge", "serve", "bench", "evaluate"} <= shown
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_readme_command_parses(command: str) -> None:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            _parse(shlex.split(command)[1:])
+    except SystemExit as stop:
+        assert stop.code == 0, f"{command}: {err.getvalue().strip().splitlines()[-1:]}"
+
+
+def test_each_curl_body_is_a_valid_body_of_its_route() -> None:
+    sent = re.findall(
+        r"curl [^\n]*?(/\w+) [^\n]*\\\n\s+-d '([^']*)'", README
+    )  # (route, body) of every POST example
+    assert len(sent) >= 3
+    for route, body in sent:
+        BODIES[route].model_validate_json(body)  # raises on an unknown or mistyped field
+
+
+def test_each_python_example_passes_keywords_the_api_takes() -> None:
+    methods = {"load": sedd.load, **{m: getattr(sedd.Model, m) for m in ("generate", "predict",
+               "impute")}}  # fmt: skip
+    calls = 0
+    for lang, block in BLOCKS:
+        if lang != "python":
+            continue
+        for node in ast.walk(ast.parse(block)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            method = methods.get(node.func.attr)
+            if method is None:
+                continue
+            calls += 1
+            takes = inspect.signature(method).parameters
+            for keyword in node.keywords:
+                assert keyword.arg in takes, f"{node.func.attr}({keyword.arg}=...) in the README"
+    assert calls >= 8
