@@ -33,8 +33,8 @@ from server.config import Settings
 from server.errors import MAPPED, http_error
 from server.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
+from server.openapi import apply_auth, apply_limits
 from server.routes import health, metrics, models, sampling
-from server.schemas import apply_auth, apply_limits
 from server.state import Service
 
 log = logging.getLogger("sedd.server")

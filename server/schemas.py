@@ -2,8 +2,8 @@
 
 Static bounds here are hard ceilings; the server's own limits (``max_cells_per_request``,
 ``max_steps``) are checked by each body's ``to_request`` (its one conversion to the library's
-request type) and written into the OpenAPI schema by ``apply_limits``, so clients and
-schemathesis see the real maxima.
+request type) and written into the OpenAPI schema by ``server.openapi.apply_limits``, so
+clients and schemathesis see the real maxima.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sedd.checkpoints import LoadedModel
-from sedd.checkpoints.schema import ModelConfig
 from sedd.defaults import TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.request.plan import GenerationRequest
@@ -385,84 +384,3 @@ class Readiness(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str | list[dict[str, Any]]
-
-
-def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
-    """The schema of an optional field's value (its non-null ``anyOf`` branch)."""
-    if "anyOf" in prop:
-        return next(p for p in prop["anyOf"] if p.get("type") != "null")
-    return prop
-
-
-def apply_limits(
-    schema: dict[str, Any], settings: Settings, config: ModelConfig | None = None
-) -> dict[str, Any]:
-    """Write the server's limits and the served model's names into the OpenAPI ``schema`` (in
-    place; returned), so a client sees which values can succeed."""
-    components = schema.get("components", {}).get("schemas", {})
-
-    def prop(model: str, field: str) -> dict[str, Any] | None:
-        return components.get(model, {}).get("properties", {}).get(field)
-
-    for model in ("GenerateRequest", "PredictRequest", "ImputeRequest"):
-        for field, limit in (
-            ("steps", settings.max_steps),
-            ("timeout_s", settings.request_timeout_s),
-        ):
-            if (found := prop(model, field)) is not None:
-                _non_null(found)["maximum"] = limit
-    cells = settings.max_cells_per_request
-    for model, field, key in (
-        ("GenerateRequest", "num_cells", "maximum"),
-        ("PredictRequest", "cells_per_perturbation", "maximum"),
-        ("ImputeRequest", "counts", "maxItems"),
-    ):
-        if (found := prop(model, field)) is not None:
-            found[key] = cells
-    if config is not None:
-        _apply_model_names(prop, config)
-    return schema
-
-
-def _apply_model_names(prop: Any, config: ModelConfig) -> None:
-    names, cell_types = config.perturbations, config.cell_types
-    for model in ("GenerateRequest", "PredictRequest", "ImputeRequest"):
-        condition, cell_type = prop(model, "condition"), prop(model, "cell_type")
-        if condition is not None and names is not None:
-            _non_null(condition)["enum"] = list(names)
-        if cell_type is not None and cell_types:
-            _non_null(cell_type)["enum"] = list(cell_types)
-    if (found := prop("ImputeRequest", "cell_types")) is not None and cell_types:
-        _non_null(found)["items"]["enum"] = list(cell_types)
-    if (found := prop("PredictRequest", "perturbations")) is not None and names is not None:
-        found["items"]["enum"] = list(names)
-        found.update(maxItems=len(names), uniqueItems=True)
-    if (found := prop("ImputeRequest", "genes")) is not None:  # unknown genes are dropped
-        found.update(uniqueItems=True)
-    if (found := prop("ImputeRequest", "counts")) is not None:  # larger ones need "clip"
-        found["items"]["items"]["maximum"] = config.tokens.max_count
-
-
-def apply_auth(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Say in the OpenAPI ``schema`` (in place; returned) what the API key really does: with no
-    key set, no operation is secured (no padlocks in /docs, no 401s); with one, every secured
-    operation lists its 401."""
-    keyed = settings.api_key is not None
-    unauthorized = {"description": "missing or wrong API key", "content": _error_content()}
-    for path in schema.get("paths", {}).values():
-        for operation in path.values():
-            if "security" not in operation:
-                continue
-            responses = operation.setdefault("responses", {})
-            if keyed:
-                responses.setdefault("401", unauthorized)
-            else:
-                del operation["security"]
-                responses.pop("401", None)
-    if not keyed:
-        schema.get("components", {}).pop("securitySchemes", None)
-    return schema
-
-
-def _error_content() -> dict[str, Any]:
-    return {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
