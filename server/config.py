@@ -63,6 +63,24 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None, description="bearer key every route but /healthz needs; unset: no auth"
     )
+    replicas: int | Literal["auto"] | None = Field(
+        default=None,
+        description="run N replicas on Ray Serve (pip install -e '.[ray]'), or auto to scale "
+        "between min_replicas and max_replicas; none: one process, no Ray",
+    )
+    min_replicas: int = Field(default=1, ge=1, description="replicas=auto: fewest replicas")
+    max_replicas: int = Field(default=2, ge=1, description="replicas=auto: most replicas")
+    gpus_per_replica: float = Field(
+        default=0.0, ge=0, description="GPUs each replica reserves (fractions share a GPU)"
+    )
+    cpus_per_replica: float = Field(default=1.0, gt=0, description="CPUs each replica reserves")
+    threads_per_replica: int | None = Field(
+        default=None, ge=1, description="torch threads in each replica (none: its CPUs)"
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="join this Ray cluster (e.g. auto, or HEAD_IP:6379); none: start a local one",
+    )
     host: str = Field(default="127.0.0.1", description="interface to bind")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(

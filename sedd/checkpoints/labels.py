@@ -223,4 +223,3 @@ def positional_genes_warning(path: Path, num_genes: int) -> str:
         "wrong. Pass --genes FILE (one name a line, or an .h5ad whose var_names are used; job "
         "scripts: GENES_FILE=FILE; Python: sedd.load(..., genes=FILE))."
     )
-

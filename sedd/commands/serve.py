@@ -49,7 +49,10 @@ def _kind(annotation: Any) -> dict[str, Any]:
     if annotation is bool:
         return {"action": argparse.BooleanOptionalAction, "default": None}
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(kinds) > 1:  # e.g. int | Literal["auto"]: the settings parse the text
+            return {"type": str, "metavar": "N|auto"}
+        annotation = kinds[0]
     if typing.get_origin(annotation) is typing.Literal:
         return {"choices": list(typing.get_args(annotation))}
     metavar = {int: "N", float: "X", str: "TEXT"}.get(annotation, "PATH")
@@ -76,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if not settings.model.exists():
         raise FileNotFoundError(f"no model at {settings.model}; pass --model PATH.")
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
+    if settings.replicas is not None:
+        from server import replicas
+
+        replicas.run(settings, replicas.ReplicaOptions.of(settings))
+        return 0
     app = create_app(settings)
     preload(app)  # a bad checkpoint is a one-line error here, before anything listens
     serve(app, host=settings.host, port=settings.port, log_level=settings.log_level)
