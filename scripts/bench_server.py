@@ -14,6 +14,11 @@ for both, and the ratio.
     .venv/bin/python scripts/bench_server.py --clients 16 --requests 64 --cells 1 --steps 10
     .venv/bin/python scripts/bench_server.py ... --random-model 64   # a random 64-gene model
 
+``--replicas 1 2`` compares replica counts instead (``pip install -e '.[ray]'``): for each count,
+``sedd serve --replicas N`` runs as its own process (a local Ray, one torch thread per replica,
+one CPU reserved each), takes the same load, and is stopped; every response's cells are then
+compared with ``Model.generate`` for the same request (same precision, one thread).
+
 On a CPU the bundled model's cost per row is flat in the batch size (each cell is already 765
 tokens through every matmul), so batching gains little there; it gains where one request leaves
 the device idle: small models, few genes, and GPUs.
@@ -24,8 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -96,7 +104,11 @@ class BackgroundServer:
         self.thread.join(60)
 
 
-async def _load(url: str, args: argparse.Namespace, mode: str) -> RunResult:
+async def _load(
+    url: str, args: argparse.Namespace, mode: str, answers: dict[int, list] | None = None
+) -> RunResult:
+    """``args.requests`` requests (seed i for request i) from ``args.clients`` clients;
+    ``answers`` (when given) collects each answered request's counts by seed."""
     body = {"num_cells": args.cells, "steps": args.steps, "condition": args.condition}
     todo = list(range(args.requests))
     latencies: list[float] = []
@@ -110,6 +122,8 @@ async def _load(url: str, args: argparse.Namespace, mode: str) -> RunResult:
             response = await http.post(f"{url}/generate", json={**body, "seed": i})
             if response.status_code == 200:
                 latencies.append(time.perf_counter() - start)
+                if answers is not None:
+                    answers[i] = response.json()["counts"]
             else:
                 failures += 1
 
@@ -150,6 +164,13 @@ def main() -> None:
     parser.add_argument("--condition", default=None, help="condition (default: the control)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="compare these replica counts of `sedd serve --replicas N` (Ray) instead",
+    )
+    parser.add_argument(
         "--random-model",
         type=int,
         metavar="GENES",
@@ -160,7 +181,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.random_model is not None:
             args.model = save_random_model(Path(scratch) / "model", args.random_model)
-        bench(args)
+        if args.replicas:
+            bench_replicas(args)
+        else:
+            bench(args)
 
 
 def save_random_model(dst: Path, num_genes: int) -> Path:
@@ -228,6 +252,102 @@ def bench(args: argparse.Namespace) -> None:
                 {"args": vars(args) | {"model": str(args.model)}, **figures}, indent=2, default=str
             )
         )
+
+
+class ReplicaServer:
+    """``sedd serve --replicas N`` as a child process (its own local Ray), stopped by SIGTERM."""
+
+    def __init__(self, args: argparse.Namespace, replicas: int) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [
+            sys.executable, "-m", "sedd.cli", "serve", "--replicas", str(replicas),
+            "--threads-per-replica", "1", "--cpus-per-replica", "1", "--port", str(self.port),
+            "--model", str(args.model), "--device", args.device, "--precision", args.precision,
+            "--max-queued-jobs", str(max(64, args.clients * 2)),
+            "--max-cells-per-request", str(max(args.cells, 1)),
+            "--max-steps", str(max(args.steps, 2)), "--log-level", "warning",
+        ]  # fmt: skip
+        self.replicas = replicas
+
+    def __enter__(self) -> ReplicaServer:
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"sedd serve --replicas exited with {self.process.returncode}")
+            try:
+                metrics = httpx.get(f"{self.url}/metrics", timeout=5)
+                if metrics.status_code == 200 and self._replicas_seen(metrics.text):
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError("the replicas did not become ready within 300 s")
+
+    def _replicas_seen(self, text: str) -> bool:
+        seen = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                if 'replica="' in line}  # fmt: skip
+        return len(seen) >= self.replicas
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def bench_replicas(args: argparse.Namespace) -> None:
+    """Throughput and latency of each replica count under the same load, and every response
+    checked against ``Model.generate`` for the same request."""
+    import sedd
+
+    results, answers = [], {}
+    for count in args.replicas:
+        answers[count] = {}
+        with ReplicaServer(args, count) as server:
+            result = asyncio.run(_load(server.url, args, f"{count} replica(s)", answers[count]))
+        results.append(result)
+    torch.set_num_threads(1)  # as each replica runs
+    model = sedd.load(args.model, device=args.device if args.device != "auto" else None,
+                      precision=args.precision)  # fmt: skip
+    condition = args.condition or model.control
+    mismatches = checked = 0
+    for seed in sorted({seed for got in answers.values() for seed in got}):
+        want = model.generate(args.cells, condition=condition, steps=args.steps, seed=seed,
+                              progress=False).X.toarray()  # fmt: skip
+        for got in answers.values():
+            if seed in got:
+                checked += 1
+                mismatches += int(not np.array_equal(np.asarray(got[seed]), want))
+    print(
+        f"{args.clients} clients, {args.requests} requests of {args.cells} cells x "
+        f"{args.steps} steps, model {args.model}, precision {args.precision}, 1 torch thread "
+        "per replica"
+    )
+    print(f"{'replicas':<12} {'cells/s':>8} {'p50 s':>7} {'p90 s':>7} {'p99 s':>7} {'failed':>6}")
+    for r in results:
+        print(
+            f"{r.mode:<12} {r.cells_per_s:8.2f} {r.percentile(50):7.2f} {r.percentile(90):7.2f} "
+            f"{r.percentile(99):7.2f} {r.failures:6d}"
+        )
+    base = results[0]
+    for r in results[1:]:
+        print(f"{r.mode} / {base.mode}: throughput x{r.cells_per_s / base.cells_per_s:.2f}")
+    print(
+        f"responses equal to Model.generate for the same request: {checked - mismatches}/{checked}"
+    )
+    if args.json is not None:
+        figures = {
+            r.mode: {"cells_per_s": r.cells_per_s, "p50_s": r.percentile(50),
+                     "p90_s": r.percentile(90), "p99_s": r.percentile(99),
+                     "failures": r.failures}
+            for r in results
+        }  # fmt: skip
+        figures["responses_checked"] = {"checked": checked, "mismatches": mismatches}
+        args.json.write_text(json.dumps({"args": vars(args) | {"model": str(args.model)},
+                                         **figures}, indent=2, default=str))  # fmt: skip
 
 
 if __name__ == "__main__":

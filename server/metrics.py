@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -184,6 +185,34 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_replicas(texts: dict[str, bytes]) -> bytes:
+    """One exposition of several replicas' ``render()`` (replica id -> text): each sample gains
+    a ``replica`` label, and each metric family appears once, with every replica's samples."""
+    families: dict[str, Metric] = {}
+    for replica, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text.decode()):
+            merged = families.setdefault(
+                family.name,
+                Metric(family.name, family.documentation, family.type, family.unit),
+            )
+            for sample in family.samples:
+                labels = {**sample.labels, "replica": replica}
+                merged.samples.append(sample._replace(labels=labels))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Fixed(Collector):
+    """A collector of metric families already gathered."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
 
 
 class MetricsMiddleware:

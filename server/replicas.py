@@ -12,7 +12,9 @@ Sizing:
 
 - ``max_ongoing_requests`` (Ray's cap per replica, 5 by default, which would starve continuous
   batching) is twice the app's ``max_queued_jobs``: a replica takes requests past its own queue
-  and refuses them itself with the app's JSON 429, so Ray's proxy never queues them silently.
+  and refuses them itself with the app's JSON 429. Ray's proxy holds at most
+  ``max_queued_jobs`` more, then answers with back-pressure, which ``server.proxy_errors``
+  turns into the same JSON 429 with ``Retry-After``.
 - ``--gpus-per-replica`` (fractions allowed) and ``--cpus-per-replica`` reserve Ray resources;
   each replica's torch uses ``--threads-per-replica`` threads (default: its CPUs).
 - Without ``--ray-address`` a local Ray is started with its object store capped (Ray takes 30%
@@ -33,9 +35,12 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server import proxy_errors
 from server.app import create_app
 from server.config import Settings
+from server.metrics import merge_replicas
 
 log = logging.getLogger("sedd.server")
 APP_NAME = "sedd"
@@ -94,14 +99,67 @@ class ReplicaOptions:
         return max(1, math.floor(self.cpus_per_replica))
 
 
+_APP: list[FastAPI] = []  # the app this replica process serves (one)
+
+
 def replica_app(settings: Settings, threads: int) -> FastAPI:
-    """The app one replica serves (Ray calls this in the replica's process)."""
+    """The app one replica serves (Ray calls this in the replica's process): responses carry
+    ``x-sedd-replica``, and its /metrics gathers every replica's."""
     torch.set_num_threads(threads)
-    return create_app(settings)
+    app = create_app(settings)
+    app.state.replica = _replica_id()
+    app.state.gather_metrics = _gather_metrics
+    app.add_middleware(ReplicaHeader, replica=app.state.replica)
+    _APP[:] = [app]
+    return app
 
 
 class SeddReplica:
     """One replica: the app's lifespan loads the model and starts its engine."""
+
+    def metrics_text(self) -> tuple[str, bytes]:
+        """(this replica's id, its metrics), for /metrics on any replica."""
+        app = _APP[0]
+        service = app.state.service
+        text = service.metrics.render() if service is not None else b""
+        return str(app.state.replica), text
+
+
+class ReplicaHeader:
+    """ASGI middleware: every response says which replica served it (``x-sedd-replica``)."""
+
+    def __init__(self, app: ASGIApp, replica: str) -> None:
+        self.app, self.header = app, (b"x-sedd-replica", replica.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self.header]
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+async def _gather_metrics() -> bytes:
+    """Every live replica's metrics, merged and labelled by replica (Ray's broadcast)."""
+    serve = _serve()
+    handle = serve.get_deployment_handle(APP_NAME, app_name=APP_NAME)
+    answers = await handle.broadcast("metrics_text").results_async(
+        timeout_s=10, return_exceptions=True
+    )
+    texts = dict(a for a in answers if isinstance(a, tuple))
+    return merge_replicas(texts)
+
+
+def _replica_id() -> str:
+    try:
+        return str(_serve().get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a replica (tests build the app directly)
+        return f"pid{os.getpid()}"
 
 
 def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str, Any]:
@@ -115,6 +173,13 @@ def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str,
         "name": APP_NAME,
         "ray_actor_options": actor,
         "max_ongoing_requests": 2 * settings.max_queued_jobs,
+        # past that, Ray's proxy holds at most one more queue's worth, then answers with
+        # back-pressure (our JSON 429: server.proxy_errors)
+        "max_queued_requests": settings.max_queued_jobs,
+        "logging_config": {
+            "log_level": settings.log_level.upper(),
+            "enable_access_log": settings.log_level == "debug",
+        },
         # a replica drains like one process: in-flight requests get drain_timeout_s
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
         "health_check_period_s": 2.0,
@@ -153,6 +218,9 @@ def run(settings: Settings, options: ReplicaOptions) -> None:
     # Ray's proxy otherwise keeps draining for 30 s at shutdown, waiting for a load balancer
     # that would still send traffic; ours drain in the replicas (drain_timeout_s).
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
+    # the proxy's own plain-text errors become JSON 503s that say to retry (a local Ray
+    # inherits this; a cluster started with `ray start` needs it in its environment)
+    os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", proxy_errors.IMPORT_PATH)
     started_ray = options.ray_address is None
     if started_ray:
         ray.init(

@@ -1,8 +1,9 @@
-"""GET /metrics: Prometheus text format from the app's own registry."""
+"""GET /metrics: Prometheus text format from the app's own registry, or, behind Ray Serve, every
+replica's, each sample labelled by ``replica`` (``app.state.gather_metrics``)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from server.deps import AuthDep, ServiceDep
@@ -18,5 +19,7 @@ router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["metr
     responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
     summary="Prometheus metrics",
 )
-async def metrics(service: ServiceDep) -> Response:
-    return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+async def metrics(service: ServiceDep, request: Request) -> Response:
+    gather = getattr(request.app.state, "gather_metrics", None)
+    text = await gather() if gather is not None else service.metrics.render()
+    return Response(text, media_type=CONTENT_TYPE)

@@ -1,0 +1,103 @@
+"""JSON for the errors Ray Serve's HTTP proxy writes itself (``sedd serve --replicas``).
+
+Every error our app returns is JSON. Behind Ray Serve, a few come from Ray's proxy instead, as
+plain text or as nothing at all: a replica that died with the request on it (the proxy sends no
+response, and the server writes a bare 500), Ray's back-pressure when every replica's queue is
+full (503), and Ray's own shutdown or an application that is not running (503).
+``proxy_middlewares`` (named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, which
+``server.replicas`` sets before Ray starts) wraps the proxy so that back-pressure becomes our
+JSON 429 with ``Retry-After``, and every other such failure a JSON 503 with ``Retry-After`` that
+says to retry: the request did not finish, and another replica (or the restarted one) will take
+it. This module imports nothing heavy: it runs in the proxy's process.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+IMPORT_PATH = "server.proxy_errors.proxy_middlewares"
+RETRY_AFTER_S = 1
+FAILED = (
+    "the replica serving this request stopped before it finished, or the service is starting "
+    "or shutting down; nothing was returned: retry the request"
+)
+FULL = "every replica's request queue is full (max_queued_jobs); retry after {s} s."
+
+
+def proxy_middlewares() -> list[Middleware]:
+    """What Ray's proxy calls at start-up: the middlewares it wraps itself in."""
+    return [Middleware(JsonProxyErrors)]
+
+
+class JsonProxyErrors:
+    """ASGI middleware: a 5xx that is not our app's JSON (or no response at all) becomes JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+        held: Message | None = None  # the proxy's own error: its start, until its body is in
+        body = b""
+
+        async def checked(message: Message) -> None:
+            nonlocal started, held, body
+            if message["type"] == "http.response.start":
+                started = True
+                if _proxy_error(message):
+                    held = message
+                    return
+            if held is not None:  # the proxy's error body: read it, then answer for it
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    await _answer(send, *_translate(held, body))
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, checked)
+        except Exception:
+            if started:
+                raise
+            await _answer(send, 503, FAILED, RETRY_AFTER_S)
+            return
+        if not started:  # Ray's proxy sends nothing for a replica that died
+            await _answer(send, 503, FAILED, RETRY_AFTER_S)
+
+
+def _proxy_error(start: Message) -> bool:
+    if start["status"] < 500:
+        return False
+    kind = _headers(start).get(b"content-type", b"").split(b";")[0].strip()
+    return kind not in (b"application/json", b"text/event-stream")
+
+
+def _headers(start: Message) -> dict[bytes, bytes]:
+    return {bytes(k).lower(): bytes(v) for k, v in start.get("headers", [])}
+
+
+def _translate(start: Message, body: bytes) -> tuple[int, str, int]:
+    """(status, detail, Retry-After seconds) for the proxy's error response."""
+    text = body.decode(errors="replace").lower()
+    if start["status"] == 503 and ("back pressure" in text or "backpressure" in text):
+        after = _headers(start).get(b"retry-after", b"")
+        seconds = max(RETRY_AFTER_S, int(after)) if after.isdigit() else RETRY_AFTER_S
+        return 429, FULL.format(s=seconds), seconds
+    return 503, FAILED, RETRY_AFTER_S
+
+
+async def _answer(send: Send, status: int, detail: str, retry_after: int) -> None:
+    payload = json.dumps({"detail": detail}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"retry-after", str(retry_after).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
