@@ -13,8 +13,8 @@ Sizing:
 - ``max_ongoing_requests`` (Ray's cap per replica, 5 by default, which would starve continuous
   batching) is twice the app's ``max_queued_jobs``: a replica takes requests past its own queue
   and refuses them itself with the app's JSON 429. Ray's proxy holds at most
-  ``max_queued_jobs`` more, then answers with back-pressure, which ``server.proxy_errors``
-  turns into the same JSON 429 with ``Retry-After``.
+  ``max_queued_jobs`` more per replica, then answers with back-pressure, which
+  ``server.proxy_errors`` turns into the same JSON 429 with ``Retry-After``.
 - ``--gpus-per-replica`` (fractions allowed) and ``--cpus-per-replica`` reserve Ray resources;
   each replica's torch uses ``--threads-per-replica`` threads (default: its CPUs).
 - Without ``--ray-address`` a local Ray is started with its object store capped (Ray takes 30%
@@ -164,6 +164,7 @@ def _replica_id() -> str:
 
 def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str, Any]:
     """The Ray Serve deployment's options for these settings and replica options."""
+    most = options.max_replicas if options.replicas is None else options.replicas
     actor = {
         "num_cpus": options.cpus_per_replica,
         "num_gpus": options.gpus_per_replica,
@@ -173,9 +174,9 @@ def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str,
         "name": APP_NAME,
         "ray_actor_options": actor,
         "max_ongoing_requests": 2 * settings.max_queued_jobs,
-        # past that, Ray's proxy holds at most one more queue's worth, then answers with
-        # back-pressure (our JSON 429: server.proxy_errors)
-        "max_queued_requests": settings.max_queued_jobs,
+        # past that, Ray's proxy holds at most one queue's worth per replica (requests wait
+        # there while it picks a replica), then answers with back-pressure (our JSON 429)
+        "max_queued_requests": settings.max_queued_jobs * most,
         "logging_config": {
             "log_level": settings.log_level.upper(),
             "enable_access_log": settings.log_level == "debug",
