@@ -109,3 +109,14 @@ def test_license_and_typed_marker_ship() -> None:
     assert pyproject["build-system"]["requires"] == ["setuptools>=77"]
     assert (ROOT / "sedd" / "py.typed").is_file()
     assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["sedd"]
+
+
+def test_a_plain_install_does_not_pull_ray() -> None:
+    """Ray is the `ray` extra (`sedd serve --replicas`); one process needs none of it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.lower().startswith("ray")]
+    assert project["optional-dependencies"]["ray"] == ["ray[serve]==2.60.0"]
+    plain_path = (ROOT / "server" / "app.py").read_text() + (
+        ROOT / "server" / "serve.py"
+    ).read_text()
+    assert "replicas" not in plain_path and "import ray" not in plain_path

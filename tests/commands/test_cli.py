@@ -26,7 +26,7 @@ def _imported(argv: list[str]) -> set[str]:
 def test_help_imports_no_torch(argv: list[str]) -> None:
     imported = _imported(argv)
     assert "sedd" in imported  # the measurement saw our own imports
-    assert not {"torch", "numpy", "anndata", "scipy", "fastapi"} & imported
+    assert not {"torch", "numpy", "anndata", "scipy", "fastapi", "ray"} & imported
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
