@@ -183,8 +183,6 @@ def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str,
         },
         # a replica drains like one process: in-flight requests get drain_timeout_s
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
-        "health_check_period_s": 2.0,
-        "health_check_timeout_s": 30.0,
     }
     if options.replicas is None:
         found["autoscaling_config"] = {
