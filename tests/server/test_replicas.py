@@ -132,6 +132,23 @@ async def test_a_full_service_answers_json_429_with_retry_after(served: Served) 
             assert "queue" in reply.json()["detail"]
 
 
+def test_a_client_that_goes_away_has_its_job_cancelled(served: Served) -> None:
+    def cancelled() -> float:
+        text = httpx.get(f"{served.url}/metrics", headers=AUTH, timeout=30).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("sedd_requests_total") and 'outcome="cancelled"' in line
+                   and 'route="/generate"' in line)  # fmt: skip
+
+    before = cancelled()
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{served.url}/generate", json={"steps": 200, "seed": 7}, headers=AUTH,
+                   timeout=2)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while cancelled() == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cancelled() == before + 1  # its replica dropped the job, and counted it
+
+
 async def test_a_killed_replica_comes_back_and_no_request_is_lost_silently(
     served: Served,
 ) -> None:
