@@ -173,7 +173,15 @@ def check_state(expected: Mapping[str, Any], state: Mapping[str, Any], parts: So
                 f"{parts.described_by}), found {tuple(value.shape)}. Make {parts.described_by} "
                 "describe this checkpoint, or pick the checkpoint it describes."
             )
-    bad = [k for k in expected if state[k].is_floating_point() and not state[k].isfinite().all()]
+    integral = [k for k in expected if not state[k].is_floating_point()]
+    if integral:
+        kinds = sorted({str(state[k].dtype).removeprefix("torch.") for k in integral})
+        raise CheckpointError(
+            f"{file}: weights that are not floating point ({', '.join(kinds)}) in "
+            f"{_listing(integral)}; a trained model's weights are floats. Check that this is the "
+            "model's checkpoint, or convert its weights to float32."
+        )
+    bad = [k for k in expected if not state[k].isfinite().all()]
     if bad:
         raise CheckpointError(
             f"{file}: non-finite weights (NaN or Inf) in {_listing(bad)}; the checkpoint is "

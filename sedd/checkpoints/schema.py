@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 __all__ = [
     "MIGRATIONS",
@@ -46,43 +46,60 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ST3Arch(_Strict):
+class _StrictArch(_Strict):
+    # Dimensions are not coerced ("64" and true are not 64 and 1) and have upper bounds, so a
+    # config is refused before any module is built (a meta-device model of 10**9 layers would
+    # still take minutes and gigabytes to build).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# Upper bounds: far above any model of our users (28k genes, 1,724 count tokens, width 256 to
+# 1024, 8 to 24 layers) and far below what exhausts a machine.
+GENES_MAX = 1_000_000
+TOKENS_MAX = 1_000_000
+WIDTH_MAX = 65_536
+LAYERS_MAX = 1_024
+HEADS_MAX = 1_024
+LABELS_MAX = 10_000_000
+
+
+class ST3Arch(_StrictArch):
     """Constructor arguments of ``sedd.models.st3.SEDDTransformer``."""
 
-    num_genes: int = Field(ge=1)
-    num_bins: int = Field(ge=1)
-    hidden_dim: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    ff_mult: int = Field(default=4, ge=1)
+    num_genes: int = Field(ge=1, le=GENES_MAX)
+    num_bins: int = Field(ge=1, le=TOKENS_MAX)
+    hidden_dim: int = Field(ge=1, le=WIDTH_MAX)
+    num_layers: int = Field(ge=1, le=LAYERS_MAX)
+    num_heads: int = Field(ge=1, le=HEADS_MAX)
+    ff_mult: int = Field(default=4, ge=1, le=64)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
-    max_seq_len: int | None = None
+    max_seq_len: int | None = Field(default=None, ge=1, le=GENES_MAX)
 
 
-class ST3PerturbationArch(_Strict):
+class ST3PerturbationArch(_StrictArch):
     """Constructor arguments of ``sedd.models.st3.SEDDPerturbationTransformer``."""
 
-    num_genes: int = Field(ge=1)
-    num_bins: int = Field(ge=1)
-    num_perturbations: int = Field(ge=1)
-    hidden_dim: int = Field(ge=1)
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    ff_mult: int = Field(default=4, ge=1)
+    num_genes: int = Field(ge=1, le=GENES_MAX)
+    num_bins: int = Field(ge=1, le=TOKENS_MAX)
+    num_perturbations: int = Field(ge=1, le=LABELS_MAX)
+    hidden_dim: int = Field(ge=1, le=WIDTH_MAX)
+    num_layers: int = Field(ge=1, le=LAYERS_MAX)
+    num_heads: int = Field(ge=1, le=HEADS_MAX)
+    ff_mult: int = Field(default=4, ge=1, le=64)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
-    precomputed_emb_dim: int | None = Field(default=None, ge=1)
-    num_cell_types: int | None = Field(default=None, ge=1)
+    precomputed_emb_dim: int | None = Field(default=None, ge=1, le=WIDTH_MAX)
+    num_cell_types: int | None = Field(default=None, ge=1, le=LABELS_MAX)
 
 
-class DDiTArch(_Strict):
+class DDiTArch(_StrictArch):
     """Constructor arguments of ``sedd.models.ddit.DDiT`` (reference SEDD)."""
 
-    vocab_size: int = Field(ge=2)
-    hidden_size: int = Field(ge=1)
-    cond_dim: int = Field(ge=1)
-    n_blocks: int = Field(ge=1)
-    n_heads: int = Field(ge=1)
-    length: int = Field(ge=1)
+    vocab_size: int = Field(ge=2, le=TOKENS_MAX)
+    hidden_size: int = Field(ge=1, le=WIDTH_MAX)
+    cond_dim: int = Field(ge=1, le=WIDTH_MAX)
+    n_blocks: int = Field(ge=1, le=LAYERS_MAX)
+    n_heads: int = Field(ge=1, le=HEADS_MAX)
+    length: int = Field(ge=1, le=GENES_MAX)
     graph: Literal["absorb", "uniform"]
     scale_by_sigma: bool = True
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
@@ -155,12 +172,29 @@ class Provenance(BaseModel):
     training_args: dict[str, Any] | None = None  # st3's args.json / the reference config
 
 
+def _arch_kind(value: Any) -> str:
+    """Which arguments ``arch`` holds, from its keys: so a bad value is reported against that
+    architecture only, not against all three."""
+    kinds = {ST3Arch: "st3", ST3PerturbationArch: "st3_perturbation", DDiTArch: "ddit"}
+    if type(value) in kinds:
+        return kinds[type(value)]
+    keys = set(value) if isinstance(value, dict) else set()
+    if keys & {"vocab_size", "hidden_size", "n_blocks"}:
+        return "ddit"
+    return "st3_perturbation" if "num_perturbations" in keys else "st3"
+
+
 class ModelConfig(_Strict):
     """The native ``config.json``."""
 
     schema_version: int = SCHEMA_VERSION
     architecture: Architecture
-    arch: ST3Arch | ST3PerturbationArch | DDiTArch
+    arch: Annotated[
+        Annotated[ST3Arch, Tag("st3")]
+        | Annotated[ST3PerturbationArch, Tag("st3_perturbation")]
+        | Annotated[DDiTArch, Tag("ddit")],
+        Discriminator(_arch_kind),
+    ]
     parametrisation: Literal["x0", "score"]
     graph: GraphConfig
     noise: NoiseConfig

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from checkpoint_files import (
     gene_file,
     load_io,
 )
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from sedd.checkpoints import (
     CheckpointError,
@@ -399,3 +400,47 @@ def test_convert_writes_ordinary_file_modes(tmp_path: Path) -> None:
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "native").iterdir()}
     assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_layers": 10**9}, r"arch\.st3_perturbation\.num_layers: Input should be less than"),
+        ({"hidden_dim": 10**12}, r"hidden_dim: Input should be less than or equal to 65536"),
+        ({"hidden_dim": "64"}, r"hidden_dim: Input should be a valid integer"),
+        ({"num_heads": True}, r"num_heads: Input should be a valid integer"),
+    ],
+)
+def test_config_dimensions_are_bounded_and_strict(
+    change: dict, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    native = save_native(load_checkpoint(ST3 / "tiny_pert"), tmp_path / "native")
+    config = json.loads((native / "config.json").read_text())
+    config["arch"] |= change
+    (native / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(native)
+    start = time.monotonic()
+    assert main(["info", str(native)]) == 2  # a bad input, refused before anything is built
+    assert time.monotonic() - start < 1.0
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("sedd info: error:") and "is not a valid model config: arch." in line
+
+
+def test_a_negative_max_seq_len_and_integer_weights_are_refused(tmp_path: Path) -> None:
+    native = save_native(load_checkpoint(ST3 / "tiny_mlm"), tmp_path / "native")
+    config = json.loads((native / "config.json").read_text())
+    (native / "config.json").write_text(
+        json.dumps(config | {"arch": config["arch"] | {"max_seq_len": -1}})
+    )
+    with pytest.raises(
+        CheckpointError, match=r"max_seq_len: Input should be greater than or equal to 1"
+    ):
+        load_checkpoint(native)
+    (native / "config.json").write_text(json.dumps(config))
+    weights = load_file(native / "model.safetensors")
+    key = next(iter(weights))
+    weights[key] = weights[key].round().long()
+    save_file(weights, native / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"not floating point \(int64\) in .*convert"):
+        load_checkpoint(native)

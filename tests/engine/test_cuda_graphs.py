@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 from devices import DEVICE, needs_cuda
-from test_engine import LOADED, job, run_until_idle
+from engine_models import LOADED, job, run_until_idle
 
 from sedd.diffusion.cuda_graphs import GraphedSteps, cuda_graphs_from_env
 from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
@@ -128,7 +128,7 @@ def test_a_proposed_step_never_syncs_with_the_host():
 
 @needs_cuda
 def test_the_engine_on_cuda_with_graphs_matches_solo_runs():
-    from test_engine import solo
+    from engine_models import solo
 
     jobs = mixed_jobs()
     engine = Engine.for_model(LOADED, FP32, cuda_graphs=True, max_rows_per_forward=16)

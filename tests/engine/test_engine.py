@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from devices import DEVICE
+from engine_models import BINS, FP32, GENES, LOADED, PERTS, job, run_until_idle, solo
 from torch import nn
 
 from sedd.batch.run import run_plan
-from sedd.checkpoints import LoadedModel, load_checkpoint
-from sedd.checkpoints.schema import ModelConfig
-from sedd.diffusion.graph import graph_from_config
-from sedd.diffusion.noise import noise_from_config
-from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows, block_rows_for
+from sedd.checkpoints import load_checkpoint
+from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows
 from sedd.engine import (
     Engine,
     EngineFull,
@@ -31,66 +29,8 @@ from sedd.engine import (
 )
 from sedd.engine.samplers import AnalyticSampler, EulerSampler
 from sedd.io.tokens import tokens_to_counts
-from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
 from sedd.request.plan import GenerationRequest, plan
-
-GENES, BINS, PERTS = 10, 5, 4
-FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
-
-
-def tiny_loaded() -> LoadedModel:
-    """A random st3 perturbation model with weights large enough that its outputs vary."""
-    torch.manual_seed(0)
-    arch = dict(
-        num_genes=GENES, num_bins=BINS, num_perturbations=PERTS, hidden_dim=16, num_layers=1,
-        num_heads=2, num_cell_types=2,
-    )  # fmt: skip
-    model = SEDDPerturbationTransformer(**arch).eval()  # type: ignore[arg-type]
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)  # st3's 0.02 gives near-uniform logits
-    config = ModelConfig(
-        architecture="st3_perturbation",
-        arch=arch,
-        parametrisation="x0",
-        graph={"type": "absorb", "dim": BINS + 1},
-        noise={"type": "loglinear", "eps": 1e-3},
-        tokens={"num_bins": BINS, "mask_index": BINS, "vocab_size": BINS + 1},
-        genes=[f"g{i}" for i in range(GENES)],
-        perturbations=["ctrl", "A", "B", "C"],
-        control_label="ctrl",
-        cell_types=["T", "NK"],
-    )
-    return LoadedModel(
-        model=model.to(DEVICE),
-        config=config,
-        noise=noise_from_config(config.noise.model_dump()),
-        graph=graph_from_config(config.graph.model_dump()),
-        path=Path("tiny"),
-        file_hash="",
-    )
-
-
-LOADED = tiny_loaded()
-
-
-def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
-    """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
-    cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
-    rows = block_rows_for(GENES, DEVICE)  # what Engine.for_model uses
-    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
-    return sampler.sample(
-        job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
-        labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
-        x_init=job.x_init, fixed=job.fixed,
-    ).cpu()  # fmt: skip
-
-
-def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
-    labels = torch.full((n,), label, dtype=torch.long)
-    return EngineJob(n, steps, labels=labels, cell_types=torch.zeros(n, dtype=torch.long), **kw)  # type: ignore[arg-type]
 
 
 class Recorder:
@@ -106,14 +46,6 @@ class Recorder:
 
     def on_job_done(self, job: EngineJob, result: JobResult | None, outcome: str) -> None:
         self.done.append((job.num_cells, outcome))
-
-
-def run_until_idle(engine: Engine, limit: int = 200) -> int:
-    ticks = 0
-    while engine.tick():
-        ticks += 1
-        assert ticks < limit
-    return ticks
 
 
 def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():

@@ -179,7 +179,7 @@ def test_bf16_autocast_on_the_lane_device_covers_the_forward_only(monkeypatch):
     """On the test lane's device (CPU, or CUDA with SEDD_TEST_DEVICE=cuda): the st3 forward runs
     under bf16 autocast, the step's arithmetic outside it in fp32, the draws in fp64."""
     from devices import DEVICE
-    from test_engine import LOADED, job, run_until_idle
+    from engine_models import LOADED, job, run_until_idle
 
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
     real = sedd.diffusion.sampling.sample_categorical

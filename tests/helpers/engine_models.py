@@ -1,0 +1,84 @@
+"""A tiny random st3 perturbation model and engine-job helpers, shared by the engine, CUDA-graph
+and precision tests (imported by name: ``tests/helpers`` is on the path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from devices import DEVICE
+
+from sedd.checkpoints import LoadedModel
+from sedd.checkpoints.schema import ModelConfig
+from sedd.diffusion.graph import graph_from_config
+from sedd.diffusion.noise import noise_from_config
+from sedd.diffusion.sampling import block_rows_for
+from sedd.engine import Engine, EngineJob
+from sedd.engine.samplers import AnalyticSampler, EulerSampler
+from sedd.models.st3 import SEDDPerturbationTransformer
+from sedd.precision import PrecisionPolicy
+
+GENES, BINS, PERTS = 10, 5, 4
+FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
+
+
+def tiny_loaded() -> LoadedModel:
+    """A random st3 perturbation model with weights large enough that its outputs vary."""
+    torch.manual_seed(0)
+    arch = dict(
+        num_genes=GENES, num_bins=BINS, num_perturbations=PERTS, hidden_dim=16, num_layers=1,
+        num_heads=2, num_cell_types=2,
+    )  # fmt: skip
+    model = SEDDPerturbationTransformer(**arch).eval()  # type: ignore[arg-type]
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)  # st3's 0.02 gives near-uniform logits
+    config = ModelConfig(
+        architecture="st3_perturbation",
+        arch=arch,
+        parametrisation="x0",
+        graph={"type": "absorb", "dim": BINS + 1},
+        noise={"type": "loglinear", "eps": 1e-3},
+        tokens={"num_bins": BINS, "mask_index": BINS, "vocab_size": BINS + 1},
+        genes=[f"g{i}" for i in range(GENES)],
+        perturbations=["ctrl", "A", "B", "C"],
+        control_label="ctrl",
+        cell_types=["T", "NK"],
+    )
+    return LoadedModel(
+        model=model.to(DEVICE),
+        config=config,
+        noise=noise_from_config(config.noise.model_dump()),
+        graph=graph_from_config(config.graph.model_dump()),
+        path=Path("tiny"),
+        file_hash="",
+    )
+
+
+LOADED = tiny_loaded()
+
+
+def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
+    """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
+    cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
+    rows = block_rows_for(GENES, DEVICE)  # what Engine.for_model uses
+    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
+    return sampler.sample(
+        job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
+        labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
+        x_init=job.x_init, fixed=job.fixed,
+    ).cpu()  # fmt: skip
+
+
+def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
+    labels = torch.full((n,), label, dtype=torch.long)
+    return EngineJob(n, steps, labels=labels, cell_types=torch.zeros(n, dtype=torch.long), **kw)  # type: ignore[arg-type]
+
+
+def run_until_idle(engine: Engine, limit: int = 200) -> int:
+    ticks = 0
+    while engine.tick():
+        ticks += 1
+        assert ticks < limit
+    return ticks
