@@ -172,10 +172,11 @@ class Engine:
         ended: list[tuple[JobState, Exception]] = []
         for st in self._states_locked():
             name = f"job {st.handle.job_id}"
-            if st.handle.cancel_requested or st.handle.future.cancelled():
-                ended.append((st, JobCancelled(f"{name} was cancelled.")))
-            elif st.job.deadline is not None and now > st.job.deadline:
+            # past its deadline it timed out, even when the caller has cancelled it for that
+            if st.job.deadline is not None and now > st.job.deadline:
                 ended.append((st, JobTimeout(f"{name} did not finish before its deadline.")))
+            elif st.handle.cancel_requested or st.handle.future.cancelled():
+                ended.append((st, JobCancelled(f"{name} was cancelled.")))
         for st, _ in ended:
             self._remove_locked(st)
         return ended

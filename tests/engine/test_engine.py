@@ -195,6 +195,21 @@ def test_deadline_fails_the_job_with_job_timeout():
     assert (2, "timeout") in rec.done
 
 
+def test_a_job_cancelled_past_its_deadline_counts_as_a_timeout():
+    """The server cancels a job whose deadline passed while the engine was busy: that is a
+    timeout (504), not a client that went away."""
+    rec = Recorder()
+    engine = Engine.for_model(LOADED, FP32, observer=rec)
+    late = engine.submit(job(2, steps=50, deadline=time.monotonic() + 0.05))
+    gone = engine.submit(job(1, steps=50))
+    engine.tick()
+    time.sleep(0.06)
+    late.cancel()  # what the server does at the deadline
+    gone.cancel()  # a client that went away
+    run_until_idle(engine)
+    assert sorted(rec.done) == [(1, "cancelled"), (2, "timeout")]
+
+
 def test_full_queue_raises_engine_full_with_retry_after():
     engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=2, max_queued_jobs=2)
     engine.submit(job(2))
