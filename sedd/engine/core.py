@@ -112,7 +112,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._next_id = 0
         self._tick_seconds = 0.0  # moving average of a busy tick, for retry_after
-        self.last_tick_monotonic: float | None = None
+        self.last_tick_monotonic: float | None = None  # when the last tick ended
+        self.tick_started_monotonic: float | None = None  # when the last (or current) began
         self._stepper = Stepper(sampler, self._finish, self._observe)
 
     def submit(
@@ -145,7 +146,7 @@ class Engine:
         """Drop ended jobs, admit waiting rows, step every in-flight row once; rows stepped."""
         if self._thread is not None and threading.current_thread() is not self._thread:
             raise RuntimeError("the engine thread is running: only it may call tick().")
-        start = time.monotonic()
+        start = self.tick_started_monotonic = time.monotonic()
         with self._lock:
             ended = self._ended_locked(start)
             joined = self._admit_locked(start)

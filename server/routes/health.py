@@ -34,8 +34,12 @@ async def readyz(service: ServiceDep) -> Readiness:
     last = engine.last_tick_monotonic
     since = None if last is None else time.monotonic() - last
     busy = engine.active_jobs > 0 or engine.queued_jobs > 0
-    if busy and since is not None and since > STALL_S:
-        raise NotReady(f"not ready: the engine has work but has not stepped for {since:.0f} s")
+    # stalled: work waits and no tick has begun or ended for STALL_S (time spent idle, with no
+    # work, is not a stall: the first tick after it starts as soon as work arrives)
+    moments = [t for t in (last, engine.tick_started_monotonic) if t is not None]
+    quiet = None if not moments else time.monotonic() - max(moments)
+    if busy and quiet is not None and quiet > STALL_S:
+        raise NotReady(f"not ready: the engine has work but has not stepped for {quiet:.0f} s")
     return Readiness(
         queued_jobs=engine.queued_jobs,
         active_jobs=engine.active_jobs,

@@ -6,8 +6,10 @@ types) saved in the native format; results are checked against ``sedd.batch.run.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import time
 from pathlib import Path
 
 import anndata
@@ -54,6 +56,22 @@ async def test_healthz_needs_no_key_and_readyz_reports_an_idle_engine(model_dir:
             "active_rows": 0,
             "seconds_since_step": None,
         }
+
+
+async def test_readyz_tells_an_idle_engine_from_a_stalled_one(model_dir: Path) -> None:
+    async with served(make_settings(model_dir), slow_s=1.0) as (client, app):
+        engine = app.state.service.engine
+        work = asyncio.ensure_future(client.post("/generate", json={"steps": 3}))
+        while engine.tick_started_monotonic is None:  # the first tick after a long idle
+            await asyncio.sleep(0.01)
+        engine.last_tick_monotonic = time.monotonic() - 100  # idle for 100 s before it
+        after_idle = await client.get("/readyz")
+        engine.tick_started_monotonic = time.monotonic() - 100  # no tick began for 100 s
+        stalled = await client.get("/readyz")
+        await work
+    assert after_idle.status_code == 200 and after_idle.json()["active_jobs"] == 1
+    assert stalled.status_code == 503
+    assert stalled.json()["detail"].startswith("not ready: the engine has work but has not")
 
 
 async def test_api_key_is_required_on_every_route_but_healthz(model_dir: Path) -> None:
