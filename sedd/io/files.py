@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -23,7 +24,22 @@ def sha256_file(path: str | Path) -> str:
 
 def check_writable(path: Path) -> Path:
     """Create ``path``'s directory if needed and check that a file can be written there, so a
-    command fails at once (with the path in the error) instead of after its work is done."""
+    command fails at once (with the path in the error) instead of after its work is done.
+
+    An existing directory, device or other non-regular file at ``path`` is refused
+    (``IsADirectoryError`` / ``FileExistsError``): the result would replace it."""
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR,
+            "is a directory, not a file: pass a file name such as DIR/cells.h5ad",
+            str(path),
+        )
+    if path.exists() and not path.is_file():
+        raise FileExistsError(
+            errno.EEXIST,
+            "exists and is not a regular file (a device, socket or pipe): pass a file name",
+            str(path),
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     probe = temporary_name(path)
     try:  # os.access says yes to root even on read-only filesystems: try for real

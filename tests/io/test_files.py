@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from sedd.cli import main
 from sedd.io.files import check_writable, remove_stale_temporaries, temporary_name
 
 
@@ -38,3 +41,17 @@ def test_check_writable_makes_the_directory_and_leaves_no_probe(tmp_path: Path) 
     out = tmp_path / "a" / "b" / "cells.h5ad"
     assert check_writable(out) == out
     assert out.parent.is_dir() and list(out.parent.iterdir()) == []
+
+
+def test_a_directory_or_a_device_as_the_output_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(IsADirectoryError, match="is a directory, not a file"):
+        check_writable(tmp_path)
+    with pytest.raises(FileExistsError, match="not a regular file"):
+        check_writable(Path(os.devnull))
+    assert main(["generate", "--num-cells", "1", "--steps", "1", "--out", str(tmp_path)]) == 3
+    [line] = capsys.readouterr().err.strip().splitlines()  # one line, before any sampling
+    assert line.startswith(f"sedd generate: error: {tmp_path}: is a directory, not a file")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
+    assert Path(os.devnull).is_char_device()  # the device is still a device
