@@ -116,7 +116,14 @@ def _fault(exc: BaseException) -> tuple[int, str] | None:
     """(exit code, one line) for an expected fault; None for anything else (a bug)."""
     import torch  # only after a command ran, so `--help` stays light
 
+    from sedd.precision import NonFiniteScoreError
+
     match exc:
+        case NonFiniteScoreError():  # the checkpoint's fault, not ours: a bad input
+            return EXIT_INPUT, (
+                f"{exc} No cells were written; the checkpoint's weights overflow for this "
+                "input (try another checkpoint, or --precision fp32 if it ran in bf16/fp16)."
+            )
         case torch.OutOfMemoryError() | MemoryError():
             return EXIT_MEMORY, f"out of memory ({exc}); use a smaller --batch-size"
         case OSError() if exc.errno is None:  # ours (a missing model, ...): says what to do

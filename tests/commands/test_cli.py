@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,20 @@ def test_help_says_each_default() -> None:
     assert "fp32 is the baseline (default: fp32 bf16)" in text
     assert "chunk k uses seed * 1000 + k (default: 0)" in text
     assert "(default: cuda if any)" in text and "(default: cuda if any) (default" not in text
+
+
+def test_a_model_whose_output_overflows_is_a_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server_models import save_tiny_model
+
+    from sedd.cli import main
+
+    model = save_tiny_model(tmp_path / "overflow", nan_label="BAD", overflow=True)
+    out = tmp_path / "cells.h5ad"
+    argv = ["generate", "--model", str(model), "--conditions", "BAD", "--cells", "1", "--steps",
+            "2", "--precision", "fp32", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    [line] = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert line.startswith("sedd generate: error: model output is not finite for rows [0]")
+    assert "No cells were written" in line and not out.exists()
