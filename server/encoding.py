@@ -33,8 +33,37 @@ H5AD_MEDIA_TYPE = "application/x-hdf5"
 
 
 def wants_h5ad(planned: PlannedJob, request: Request) -> bool:
-    """The ``format`` field, or an ``Accept`` header naming ``application/x-hdf5``."""
-    return planned.options.format == "h5ad" or H5AD_MEDIA_TYPE in request.headers.get("accept", "")
+    """The ``format`` field when the body gives it; else the ``Accept`` header: h5ad when it
+    names ``application/x-hdf5`` with a q-value above 0 and at least JSON's."""
+    if "format" in planned.options.model_fields_set:
+        return planned.options.format == "h5ad"
+    header = request.headers.get("accept", "")
+    if H5AD_MEDIA_TYPE not in header:
+        return False
+    h5ad, json_q = _quality(header, H5AD_MEDIA_TYPE), _quality(header, "application/json")
+    return h5ad > 0 and h5ad >= json_q
+
+
+def _quality(header: str, media_type: str) -> float:
+    """The q-value ``header`` (an HTTP Accept) gives ``media_type``: that of its most specific
+    matching range (type/subtype, then type/*, then */*), 0 when none matches."""
+    kind = media_type.split("/")[0]
+    best: tuple[int, float] = (-1, 0.0)
+    for part in header.split(","):
+        name, *params = (piece.strip() for piece in part.split(";"))
+        specificity = {media_type: 2, f"{kind}/*": 1, "*/*": 0}.get(name.lower())
+        if specificity is None or specificity < best[0]:
+            continue
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = min(max(float(value), 0.0), 1.0)
+                except ValueError:
+                    q = 0.0
+        best = (specificity, q)
+    return best[1]
 
 
 def counts_of(service: Service, result: JobResult) -> np.ndarray:

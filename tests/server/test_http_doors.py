@@ -121,3 +121,28 @@ async def test_the_docs_show_padlocks_only_when_a_key_is_required(key: str | Non
         assert ("/readyz", "get") in secured and ("/metrics", "get") in secured
         assert ("/healthz", "get") not in secured
         assert secured == with_401
+
+
+@pytest.mark.parametrize(
+    ("accept", "body_format", "h5ad"),
+    [
+        ("application/x-hdf5", None, True),
+        ("application/json, application/x-hdf5;q=0", None, False),
+        ("application/json;q=0.5, application/x-hdf5;q=0.9", None, True),
+        ("application/json, application/x-hdf5;q=0.5", None, False),
+        ("*/*", None, False),
+        ("application/x-hdf5", "json", False),  # the body's own field wins
+        ("application/json", "h5ad", True),
+    ],
+)
+async def test_accept_q_values_choose_the_format(
+    accept: str, body_format: str | None, h5ad: bool
+) -> None:
+    body: dict[str, Any] = {"steps": 1}
+    if body_format is not None:
+        body["format"] = body_format
+    async with served(make_settings(DEFAULT_MODEL, **SETTINGS)) as (client, _):
+        response = await client.post("/generate", json=body, headers={"Accept": accept})
+    assert response.status_code == 200
+    kind = response.headers["content-type"]
+    assert kind == ("application/x-hdf5" if h5ad else "application/json"), (accept, kind)
