@@ -4,7 +4,8 @@ Python's ``json`` accepts what a careful API should refuse or cannot answer well
 (a generic 400), duplicate keys (the last silently wins), lone surrogates such as ``"\\ud800"``
 (they fail later, in an encoder, naming no field), nesting deep enough to exhaust the parser,
 integers thousands of digits long and the non-JSON constants ``NaN`` / ``Infinity``. Here each is
-refused with a FastAPI-style validation error (``server.errors.FieldError``).
+refused with a FastAPI-style validation error (``server.errors.FieldError``) whose ``loc`` names
+the field (``["body", "temperature"]``), or the byte position where the text itself is broken.
 """
 
 from __future__ import annotations
@@ -38,21 +39,28 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def _int(text: str) -> int:
+class _Bad:
+    """A number the parser met and refuses; ``_walk`` reports it with the field it is in."""
+
+    def __init__(self, msg: str) -> None:
+        self.msg = msg
+
+
+def _int(text: str) -> int | _Bad:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _Refused(f"an integer with {len(text)} digits; numbers here have at most 19")
+        return _Bad(f"an integer with {len(text)} digits; numbers here have at most 19")
     return int(text)
 
 
-def _float(text: str) -> float:
+def _float(text: str) -> float | _Bad:
     value = float(text)
     if not math.isfinite(value):
-        raise _Refused(f"{text} overflows a float; send a finite number")
+        return _Bad(f"{text} overflows a float; send a finite number")
     return value
 
 
-def _constant(name: str) -> Any:
-    raise _Refused(f"{name} is not JSON; send a finite number")
+def _constant(name: str) -> _Bad:
+    return _Bad(f"{name} is not JSON; send a finite number")
 
 
 def _walk(value: Any, loc: list[str | int], depth: int) -> None:
@@ -61,6 +69,8 @@ def _walk(value: Any, loc: list[str | int], depth: int) -> None:
         raise FieldError(
             ["body", *loc], f"nested deeper than {MAX_DEPTH} levels", type="json_invalid"
         )
+    if isinstance(value, _Bad):
+        raise FieldError(["body", *loc], value.msg, type="json_invalid")
     if isinstance(value, str):
         if _SURROGATE.search(value):
             raise FieldError(
