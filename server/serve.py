@@ -8,16 +8,20 @@ on the first SIGTERM or SIGINT:
    ``Retry-After`` (``server.guard``), ``/readyz`` says not ready;
 2. lets the requests in flight finish for up to ``drain_timeout_s`` (0 and values under 1 s are
    honoured as given);
-3. stops the engine: jobs still running are cut off and their requests answered with a JSON 503;
+3. cuts the engine off: jobs still running are failed at once, without waiting for the step
+   under way, and their requests answered with a JSON 503 at the deadline;
 4. then lets uvicorn close the listener and exit, ``EXIT_GRACE_S`` at most later.
 
-A second signal exits at once.
+A second signal cuts every request in flight off with a JSON 503 at once, gives the responses
+``CUT_GRACE_S`` to be written, and ends the process (exit status 1) without waiting for the
+engine's step under way: within about a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from types import FrameType
 
@@ -28,6 +32,7 @@ from server.state import Service
 
 log = logging.getLogger("sedd.server")
 EXIT_GRACE_S = 3.0  # after the drain: time for the last responses to be written
+CUT_GRACE_S = 1.0  # after a second signal: time for the cut requests' 503s to be written
 _POLL_S = 0.05
 
 
@@ -44,6 +49,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_requested = False
         self._drain: asyncio.Task[None] | None = None
+        self._cut: asyncio.Task[None] | None = None
 
     async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -51,12 +57,35 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler: runs between two bytecodes of the event loop's thread.
-        if self._loop is None or self._drain_requested:  # a second signal: exit now
-            self.force_exit = self._drain_requested
+        if self._loop is None:  # not serving yet
             self.should_exit = True
+            return
+        if self._drain_requested:  # a second signal: cut everything off and exit now
+            self._loop.call_soon_threadsafe(self._start_cut)
             return
         self._drain_requested = True
         self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_cut(self) -> None:
+        if self._cut is None:
+            self._cut = asyncio.ensure_future(self.cut())
+
+    async def cut(self) -> None:
+        """The second signal: every request in flight gets its JSON 503 now, then the process
+        ends, whatever step the engine is in."""
+        state = self.app.state
+        service: Service | None = state.service
+        state.draining = True
+        if service is not None:
+            service.draining = True
+            service.engine.cut()
+        log.warning("second signal: %d request(s) cut off; exiting", _in_flight(state))
+        grace = time.monotonic() + CUT_GRACE_S
+        while _in_flight(state) > 0 and time.monotonic() < grace:
+            await asyncio.sleep(_POLL_S)
+        await asyncio.sleep(_POLL_S)  # the last response's bytes to the socket
+        logging.shutdown()
+        os._exit(1)  # a step under way (and the threads waiting on it) would delay a clean exit
 
     def _start_drain(self) -> None:
         if self._drain is None:
@@ -73,9 +102,8 @@ class DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + timeout
         while _in_flight(state) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
-        if service is not None:  # jobs still running are cut off (their requests get 503)
-            left = max(0.0, deadline - time.monotonic())
-            await asyncio.to_thread(service.engine.stop, drain=True, timeout=left)
+        if service is not None:  # jobs still running are cut off now (their requests get 503)
+            service.engine.cut()
         grace = time.monotonic() + EXIT_GRACE_S
         while _in_flight(state) > 0 and time.monotonic() < grace:
             await asyncio.sleep(_POLL_S)

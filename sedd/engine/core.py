@@ -334,6 +334,17 @@ class Engine:
         for st in self._states():
             self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
 
+    def cut(self) -> None:
+        """Stop now, from any thread: take no new jobs and fail every queued and in-flight job
+        at once with ``EngineStopped``, without waiting for a step under way (the engine thread
+        finishes it, drops its rows and stops at that boundary). Idempotent."""
+        with self._lock:
+            self._accepting = False
+            self._abort = True
+            self._wake.notify_all()
+        for st in self._states():
+            self._finish(st, None, EngineStopped(f"job {st.handle.job_id}: the engine stopped."))
+
     def _states(self) -> list[JobState]:
         with self._lock:
             return self._states_locked()

@@ -65,7 +65,7 @@ def servers() -> Iterator[dict[str, Server]]:
     waits for its own and stops it."""
     started: dict[str, Server] = {}
     try:
-        for name, drain_s in (("drain 20 s", "20"), ("drain 0.5 s", "0.5")):
+        for name, drain_s in (("drain 20 s", "20"), ("drain 0.5 s", "0.5"), ("two", "60")):
             port = _free_port()
             started[name] = (_spawn(port, drain_s), port)
         yield started
@@ -126,6 +126,28 @@ def test_a_drain_under_one_second_is_honoured_and_cut_requests_get_json_503(
     assert in_flight.json() == {"detail": "the server is shutting down and takes no new requests"}
     assert int(in_flight.headers["retry-after"]) >= 1
     assert took < 0.5 + 6  # drain + the exit grace, never the request's own length
+
+
+def test_a_second_signal_cuts_requests_off_with_json_503_and_exits_at_once(
+    servers: dict[str, Server],
+) -> None:
+    proc, port = servers["two"]
+    _wait_ready(proc, port)
+    url = f"http://127.0.0.1:{port}/generate"
+    long = _post_in_background(url, {"num_cells": 1, "steps": 1000, "condition": "CD19+ B"})
+    time.sleep(1.0)  # the request is running
+    proc.send_signal(signal.SIGTERM)  # a drain of up to 60 s begins
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # the second: now
+    second = time.monotonic()
+    proc.wait(timeout=30)
+    took = time.monotonic() - second
+    long["thread"].join(timeout=30)
+    response = long["response"]
+    assert took < 2.0, took
+    assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+    assert response.json() == {"detail": "the server is shutting down and takes no new requests"}
+    assert proc.returncode == 1
 
 
 # The shared CLI process: for each JSON line [argv, stderr file] on stdin it runs
