@@ -60,6 +60,14 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="longest a request may take (504 after it)"
     )
     drain_timeout_s: float = Field(default=60.0, ge=0, description="SIGTERM: wait this long")
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="a connection must send its request head within this many seconds (JSON 408)",
+    )
+    max_connections: int = Field(
+        default=512, ge=1, description="open connections and requests at once (503 above it)"
+    )
     api_key: SecretStr | None = Field(
         default=None, description="bearer key every route but /healthz needs; unset: no auth"
     )

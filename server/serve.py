@@ -28,6 +28,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from server.config import Settings
+from server.protocol import TimedH11Protocol
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
@@ -111,9 +113,20 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(app: FastAPI, *, host: str, port: int, log_level: str) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain as described above."""
+def serve(app: FastAPI, settings: Settings) -> None:
+    """Serve ``app`` until SIGTERM/SIGINT, then drain as described above. Connections speak
+    ``server.protocol.TimedH11Protocol`` (a header timeout, JSON 400s), at most
+    ``max_connections`` at once."""
+    protocol = type(
+        "Protocol", (TimedH11Protocol,), {"header_timeout_s": settings.header_timeout_s}
+    )
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=EXIT_GRACE_S
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        http=protocol,
+        limit_concurrency=settings.max_connections,
+        timeout_graceful_shutdown=EXIT_GRACE_S,
     )
     DrainingServer(config, app).run()

@@ -86,5 +86,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     app = create_app(settings)
     preload(app)  # a bad checkpoint is a one-line error here, before anything listens
-    serve(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    serve(app, settings)
     return 0

@@ -1,0 +1,88 @@
+"""Connections on real uvicorn (``sedd serve``): a head that never completes is closed at the
+header timeout with a JSON 408, and a request h11 cannot parse gets a JSON 400."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+HEADER_TIMEOUT_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    port = _free_port()
+    argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
+            "--device", "cpu", "--header-timeout-s", str(HEADER_TIMEOUT_S)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "sedd serve exited"
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                if s.recv(100).startswith(b"HTTP/1.1 200"):
+                    break
+        except OSError:
+            time.sleep(0.2)
+    yield port
+    proc.terminate()
+    proc.wait(30)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def test_connections_that_never_send_a_whole_head_are_closed_at_the_header_timeout(
+    port: int,
+) -> None:
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(200)]
+    for i, sock in enumerate(socks):
+        sock.settimeout(HEADER_TIMEOUT_S + 10)
+        if i % 2:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # a request line, then nothing
+    start = time.monotonic()
+    answers = [_answer(sock) for sock in socks]  # each returns when the server closes
+    took = time.monotonic() - start
+    for sock in socks:
+        sock.close()
+    assert took < HEADER_TIMEOUT_S + 2
+    for answer in answers:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ") and b"content-type: application/json" in head
+        assert "header_timeout_s" in json.loads(body)["detail"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n",  # a NUL in a header
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"GARBAGE\r\n\r\n",
+    ],
+)
+def test_requests_that_are_not_http_get_a_json_400(port: int, head: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        answer = _answer(sock)
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400 ") and b"application/json" in status
+    assert json.loads(body)["detail"].startswith("the request is not valid HTTP/1.1")
