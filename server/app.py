@@ -35,6 +35,7 @@ from server.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.openapi import apply_auth, apply_limits
 from server.routes import health, metrics, models, sampling
+from server.runner import warm_up
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
@@ -77,6 +78,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = await asyncio.to_thread(load_service, settings, app.state.metrics)
     app.state.preloaded = None
     service.engine.start()
+    await warm_up(service)  # the forward time, measured before the first request
     app.state.service = service
     log.info("%s", startup_line(service))
     try:

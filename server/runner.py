@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,10 +20,13 @@ from typing import Any
 from starlette.requests import Request
 
 from sedd.engine import JobCancelled, JobHandle, JobProgress, JobResult
-from server.errors import ClientDisconnected, DeadlineExceeded, Draining
+from sedd.request.plan import GenerationRequest, SamplingOptions, plan
+from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError
 from server.metrics import outcome_for_status
 from server.planning import PlannedJob, finite_or_zero
 from server.state import Service
+
+log = logging.getLogger("sedd.server")
 
 DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
 
@@ -32,10 +36,50 @@ def submit(
     planned: PlannedJob,
     on_progress: Callable[[JobProgress], None] | None = None,
 ) -> JobHandle:
-    """Queue the job; raises the engine's EngineFull / EngineStopped / ValueError."""
+    """Queue the job; raises the engine's EngineFull / EngineStopped / ValueError, or a
+    FieldError (422) for a request that cannot finish before its deadline even alone."""
     if service.draining:
         raise Draining("the server is shutting down and takes no new requests")
+    check_cost(service, planned)
     return service.engine.submit(planned.job, on_progress=on_progress)
+
+
+def check_cost(service: Service, planned: PlannedJob) -> None:
+    """Refuse at once a request whose own model time, at the engine's measured forward time,
+    is longer than its deadline: it could only hold the engine and end in a 504."""
+    job = planned.job
+    estimate = service.engine.estimated_seconds(job.num_cells, job.steps)
+    if estimate is None or estimate <= planned.timeout_s:
+        return
+    forward_ms = 1000 * (service.engine.forward_seconds or 0.0)
+    raise FieldError(
+        ["body"],
+        f"this request needs about {estimate:.0f} s of model time ({job.num_cells} cells x "
+        f"{job.steps} steps at {forward_ms:.0f} ms a forward of "
+        f"{service.engine.sampler.block_rows or job.num_cells} rows), longer than its deadline "
+        f"of {planned.timeout_s:g} s; ask for fewer cells or steps, or a longer timeout_s (up to "
+        "the server's request_timeout_s)",
+        type="too_costly",
+        ctx={"estimated_s": round(estimate, 1), "deadline_s": planned.timeout_s},
+    )
+
+
+async def warm_up(service: Service) -> None:
+    """One 1-cell, 1-step job of the model's default condition at start-up: the forward time
+    is measured (for ``check_cost``) before the first request, and lazy kernels are loaded."""
+    loaded, engine = service.loaded, service.engine
+    condition = loaded.config.control_label or (loaded.conditions or [None])[0]
+    names = [condition] if loaded.conditional and condition is not None else None
+    request = GenerationRequest.of(1, names, None, SamplingOptions.resolve(1, None))
+    observer, engine.observer = engine.observer, None  # not a request: not in the metrics
+    try:
+        handle = engine.submit(plan(loaded, request).job())
+        await asyncio.wrap_future(handle.future)
+    except Exception as err:  # a model that fails here fails its requests the same way
+        log.warning("warm-up job failed (%s); requests are not cost-checked yet", err)
+    finally:
+        engine.observer = observer
+        engine.last_tick_monotonic = engine.tick_started_monotonic = None  # still never stepped
 
 
 def _consume(future: asyncio.Future[JobResult]) -> None:

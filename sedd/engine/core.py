@@ -112,6 +112,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._next_id = 0
         self._tick_seconds = 0.0  # moving average of a busy tick, for retry_after
+        # moving average of one model forward (one row block), for what a request will cost
+        self.forward_seconds: float | None = None
         self.last_tick_monotonic: float | None = None  # when the last tick ended
         self.tick_started_monotonic: float | None = None  # when the last (or current) began
         self._stepper = Stepper(sampler, self._finish, self._observe)
@@ -166,6 +168,9 @@ class Engine:
             seconds = time.monotonic() - start
             old = self._tick_seconds
             self._tick_seconds = seconds if old == 0 else 0.8 * old + 0.2 * seconds
+            each = seconds / len(blocks)  # one forward a block
+            last = self.forward_seconds
+            self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
         self.last_tick_monotonic = time.monotonic()
         return sum(blk.rows for blk in blocks)
 
@@ -333,6 +338,15 @@ class Engine:
                 self.tick()
         for st in self._states():
             self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
+
+    def estimated_seconds(self, rows: int, steps: int) -> float | None:
+        """Model time a job of ``rows`` rows and ``steps`` steps needs at the measured forward
+        time, on its own: one forward per block of ``block_rows`` rows per step, plus the final
+        denoise. None until a forward has been timed."""
+        if self.forward_seconds is None:
+            return None
+        block = self.sampler.block_rows or max(rows, 1)
+        return (steps + 1) * -(-rows // block) * self.forward_seconds
 
     def cut(self) -> None:
         """Stop now, from any thread: take no new jobs and fail every queued and in-flight job

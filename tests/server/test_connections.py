@@ -1,8 +1,10 @@
-"""Connections on real uvicorn (``sedd serve``): a head that never completes is closed at the
-header timeout with a JSON 408, and a request h11 cannot parse gets a JSON 400."""
+"""Real uvicorn (``sedd serve``): a head that never completes is closed at the header timeout
+with a JSON 408, a request h11 cannot parse gets a JSON 400, and requests that could only hold
+the engine past their deadline are refused at once, so a small one behind them is served."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -11,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 HEADER_TIMEOUT_S = 2.0
@@ -86,3 +89,27 @@ def test_requests_that_are_not_http_get_a_json_400(port: int, head: bytes) -> No
     status, _, body = answer.partition(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 400 ") and b"application/json" in status
     assert json.loads(body)["detail"].startswith("the request is not valid HTTP/1.1")
+
+
+def test_maximal_requests_are_refused_at_once_and_a_small_one_is_served(port: int) -> None:
+    url = f"http://127.0.0.1:{port}/generate"
+    maximal = {"num_cells": 256, "steps": 1000}  # the largest the default limits allow
+
+    async def load() -> tuple[list[httpx.Response], httpx.Response, float]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            big = [asyncio.ensure_future(client.post(url, json={**maximal, "seed": i}))
+                   for i in range(9)]  # fmt: skip
+            await asyncio.sleep(0.2)
+            start = time.monotonic()
+            small = await client.post(url, json={"num_cells": 1, "steps": 10, "timeout_s": 60})
+            return await asyncio.gather(*big), small, time.monotonic() - start
+
+    big, small, took = asyncio.run(load())
+    for response in big:
+        assert response.status_code == 422, response.text
+        [error] = response.json()["detail"]
+        assert error["type"] == "too_costly" and error["ctx"]["deadline_s"] == 600
+        assert error["ctx"]["estimated_s"] > 600
+        assert error["msg"].startswith("this request needs about")
+    assert small.status_code == 200 and len(small.json()["counts"]) == 1
+    assert took < 60

@@ -203,8 +203,9 @@ def test_serve_flags_override_the_environment(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def fake_serve(app: Any, **kwargs: Any) -> None:
-        seen.update(kwargs, settings=app.state.settings, preloaded=app.state.preloaded)
+    def fake_serve(app: Any, settings: Any) -> None:
+        seen.update(settings=settings, preloaded=app.state.preloaded)
+        assert settings is app.state.settings
 
     monkeypatch.setattr("server.serve.serve", fake_serve)
     monkeypatch.setenv("SEDD_PORT", "9001")
@@ -213,7 +214,7 @@ def test_serve_flags_override_the_environment(
     with contextlib.redirect_stdout(None):
         assert main(["serve", "--model", str(model_dir), "--port", "9002"]) == 0
     settings = seen["settings"]
-    assert (seen["host"], seen["port"]) == ("127.0.0.1", 9002)
+    assert (settings.host, settings.port) == ("127.0.0.1", 9002)
     assert (settings.model, settings.max_steps) == (model_dir, 7)
     assert settings.api_key.get_secret_value() == "from-env"
     assert "from-env" not in repr(settings)
