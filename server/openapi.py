@@ -56,8 +56,13 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
             _non_null(condition)["enum"] = list(names)
         if cell_type is not None and cell_types:
             _non_null(cell_type)["enum"] = list(cell_types)
-    if (found := prop("ImputeRequest", "cell_types")) is not None and cell_types:
-        _non_null(found)["items"]["enum"] = list(cell_types)
+        elif cell_type is not None:  # a model without cell types takes none
+            _only_null(cell_type)
+    if (found := prop("ImputeRequest", "cell_types")) is not None:
+        if cell_types:
+            _non_null(found)["items"]["enum"] = list(cell_types)
+        else:
+            _only_null(found)
     if (found := prop("PredictRequest", "perturbations")) is not None and names is not None:
         found["items"]["enum"] = list(names)
         found.update(maxItems=len(names), uniqueItems=True)
@@ -65,6 +70,12 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
         found.update(uniqueItems=True)
     if (found := prop("ImputeRequest", "counts")) is not None:  # larger ones need "clip"
         found["items"]["items"]["maximum"] = config.tokens.max_count
+
+
+def _only_null(prop: dict[str, Any]) -> None:
+    """An optional field that must be left out (or null) for this model."""
+    prop.pop("anyOf", None)
+    prop["type"] = "null"
 
 
 def apply_auth(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:

@@ -146,3 +146,13 @@ async def test_accept_q_values_choose_the_format(
     assert response.status_code == 200
     kind = response.headers["content-type"]
     assert kind == ("application/x-hdf5" if h5ad else "application/json"), (accept, kind)
+
+
+async def test_the_schema_takes_no_cell_type_for_a_model_without_cell_types() -> None:
+    async with served(make_settings(DEFAULT_MODEL, **SETTINGS)) as (client, _):
+        schema = (await client.get("/openapi.json")).json()
+        refused = await client.post("/generate", json={"cell_type": "T", "steps": 1})
+    bodies = schema["components"]["schemas"]
+    for body, field in (("GenerateRequest", "cell_type"), ("ImputeRequest", "cell_types")):
+        assert bodies[body]["properties"][field]["type"] == "null", (body, field)
+    assert refused.status_code == 422  # what the schema says, the server does
