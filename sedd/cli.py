@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import os
 import sys
@@ -128,6 +129,12 @@ def _fault(exc: BaseException) -> tuple[int, str] | None:
             return EXIT_MEMORY, f"out of memory ({exc}); use a smaller --batch-size"
         case OSError() if exc.errno is None:  # ours (a missing model, ...): says what to do
             return EXIT_INPUT, str(exc)
+        case OSError() if exc.errno == errno.ENOSPC:
+            where = f"{exc.filename}: " if exc.filename else ""
+            return EXIT_OS, (
+                f"{where}{exc.strerror or exc}; nothing was written there. Free some space, or "
+                "write to another disk"
+            )
         case OSError() if exc.filename is not None:
             what = exc.strerror or str(exc)
             return EXIT_OS, f"{exc.filename}: {what}; check the path and its permissions"

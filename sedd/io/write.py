@@ -8,9 +8,11 @@ shard jobs and the server write (the same object, so the two never drift apart).
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import os
 import platform
+import shutil
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -237,6 +239,9 @@ def _version(package: str) -> str:
 _FLUSH_NNZ = 1 << 19  # counts buffered before one append (4 MiB of int32 data + indices)
 
 
+_SPACE_MARGIN = 2 * 2**20  # HDF5's metadata, chunk rewrites and the close
+
+
 class CellWriter:
     """Cells written to one .h5ad as they come, so a run of any size holds one batch at a time.
 
@@ -262,6 +267,7 @@ class CellWriter:
         self._buffered_nnz = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = temporary_name(self.path)
+        self._ensure_space(0)  # before any sampling: a full disk is refused at once
         self._file = h5py.File(self._tmp, "w")
         self._file.attrs["encoding-type"] = "anndata"
         self._file.attrs["encoding-version"] = "0.1.0"
@@ -295,6 +301,7 @@ class CellWriter:
             else (sp.csr_matrix((0, len(self.genes)), dtype=self.dtype))
         )
         self._buffer, self._buffered_nnz = [], 0
+        self._ensure_space(csr.data.nbytes + csr.indices.nbytes + 8 * (csr.shape[0] + 1))
         if "X" in self._file:
             sparse_dataset(self._file["X"]).append(csr)
             return
@@ -307,11 +314,26 @@ class CellWriter:
     def finish(self, obs: pd.DataFrame | Mapping[str, Any], uns: Mapping[str, Any]) -> Path:
         """Write ``obs`` (one row per cell added) and ``uns``, close and rename into place."""
         self._flush()
-        write_elem(self._file, "obs", _obs_frame(obs, n_cells=self.cells))
+        frame = _obs_frame(obs, n_cells=self.cells)
+        self._ensure_space(int(frame.memory_usage(deep=True).sum()))
+        write_elem(self._file, "obs", frame)
         write_elem(self._file, "uns", _writable_uns(dict(uns)))
         self._file.close()
         os.replace(self._tmp, self.path)
         return self.path
+
+    def _ensure_space(self, needed: int) -> None:
+        """Refuse (``OSError`` ENOSPC, naming the directory) to write ``needed`` bytes, plus
+        room for the file's own metadata, where the disk has less free: HDF5 meeting a full
+        disk mid-write can end the process instead of raising."""
+        free = shutil.disk_usage(self._tmp.parent).free
+        if free < needed + _SPACE_MARGIN:
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device: writing the cells needs about "
+                f"{(needed + _SPACE_MARGIN) / 2**20:.1f} MiB more, {free / 2**20:.1f} MiB free",
+                str(self.path.parent),
+            )
 
     def abort(self) -> None:
         """Close and remove the temporary file (nothing at ``path`` changes)."""
