@@ -156,6 +156,9 @@ def _recovery_hint(adata: anndata.AnnData) -> str:
     return "; or ".join(hints)
 
 
+COUNT_CEILING = 2**31 - 1  # counts are stored as int32; no read count comes near
+
+
 def as_counts(matrix: Any, *, where: str, hint: str) -> np.ndarray | sp.csr_matrix:
     """Integer-valued matrix -> CSR int64 or dense int64; anything else -> ValueError."""
     if sp.issparse(matrix):
@@ -167,9 +170,21 @@ def as_counts(matrix: Any, *, where: str, hint: str) -> np.ndarray | sp.csr_matr
         values = np.asarray(matrix)
     if values.dtype == np.bool_ or not np.issubdtype(values.dtype, np.number):
         raise ValueError(f"{where} must be numeric counts, got dtype {values.dtype}.")
+    if np.issubdtype(values.dtype, np.complexfloating):
+        raise ValueError(
+            f"{where} holds complex numbers (dtype {values.dtype}); counts are real: pass the "
+            "counts themselves."
+        )
     if values.size:
         flat = values.reshape(-1)
         finite = np.isfinite(flat)
+        huge = finite & (np.abs(flat) > COUNT_CEILING)
+        if huge.any():
+            raise ValueError(
+                f"{where} is not counts: {int(huge.sum())} stored values are above "
+                f"{COUNT_CEILING:.4g} (largest {np.nanmax(np.abs(flat)):.4g}), more than any "
+                "read count; pass the raw counts."
+            )
         negative = finite & (flat < 0)
         fractional = finite & (flat != np.round(flat))
         n_bad = int((~finite | negative | fractional).sum())

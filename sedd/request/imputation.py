@@ -76,6 +76,8 @@ def imputation_from_counts(
     mask = cfg.tokens.mask_index
     if mask is None:
         raise ValueError("imputation needs an absorbing-graph (masked) model; this one has none.")
+    if counts.shape[0] == 0:
+        raise ValueError("the data has no cells (0 rows): nothing to impute; pass cells.")
     names = [str(g) for g in genes]
     positions = {gene: i for i, gene in enumerate(cfg.genes)}
     keep = [i for i, gene in enumerate(names) if gene in positions]
