@@ -7,9 +7,9 @@ flags override the environment) or by whoever calls ``server.app.create_app``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sedd.defaults import DEFAULT_MODEL, default_device
@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = Field(
         default=None, description="bearer key every route but /healthz needs; unset: no auth"
     )
-    replicas: int | Literal["auto"] | None = Field(
+    replicas: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         default=None,
         description="run N replicas on Ray Serve (pip install -e '.[ray]'), or auto to scale "
         "between min_replicas and max_replicas; none: one process, no Ray",
@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="log verbosity"
     )
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> Settings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas "
+                f"({self.max_replicas})"
+            )
+        return self
 
     def resolved_device(self) -> str:
         """``auto`` -> ``cuda`` when available, else ``cpu``."""

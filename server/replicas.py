@@ -30,7 +30,6 @@ import math
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,52 +50,11 @@ class RayMissing(RuntimeError):
     """``--replicas`` was asked for, but Ray Serve is not installed."""
 
 
-@dataclass(frozen=True)
-class ReplicaOptions:
-    """How many replicas, on what, and which Ray cluster (``sedd serve --replicas``)."""
-
-    replicas: int | None = 1  # None: autoscale between min_replicas and max_replicas
-    min_replicas: int = 1
-    max_replicas: int = 2
-    gpus_per_replica: float = 0.0
-    cpus_per_replica: float = 1.0
-    threads_per_replica: int | None = None  # None: the replica's CPUs, at least 1
-    ray_address: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
-            raise ValueError(f"--replicas must be >= 1 or auto, got {self.replicas}.")
-        if not 1 <= self.min_replicas <= self.max_replicas:
-            raise ValueError(
-                f"--min-replicas {self.min_replicas} and --max-replicas {self.max_replicas}: "
-                "need 1 <= min <= max."
-            )
-        if self.gpus_per_replica < 0 or self.cpus_per_replica <= 0:
-            raise ValueError(
-                "--gpus-per-replica must be >= 0 and --cpus-per-replica > 0, got "
-                f"{self.gpus_per_replica} and {self.cpus_per_replica}."
-            )
-        if self.threads_per_replica is not None and self.threads_per_replica < 1:
-            raise ValueError(f"--threads-per-replica must be >= 1, got {self.threads_per_replica}.")
-
-    @classmethod
-    def of(cls, settings: Settings) -> ReplicaOptions:
-        """The replica options of ``sedd serve``'s settings (``replicas`` set)."""
-        return cls(
-            replicas=None if settings.replicas == "auto" else settings.replicas,
-            min_replicas=settings.min_replicas,
-            max_replicas=settings.max_replicas,
-            gpus_per_replica=settings.gpus_per_replica,
-            cpus_per_replica=settings.cpus_per_replica,
-            threads_per_replica=settings.threads_per_replica,
-            ray_address=settings.ray_address,
-        )
-
-    @property
-    def threads(self) -> int:
-        if self.threads_per_replica is not None:
-            return self.threads_per_replica
-        return max(1, math.floor(self.cpus_per_replica))
+def replica_threads(settings: Settings) -> int:
+    """Torch threads in each replica: ``threads_per_replica``, else its whole CPUs (at least 1)."""
+    if settings.threads_per_replica is not None:
+        return settings.threads_per_replica
+    return max(1, math.floor(settings.cpus_per_replica))
 
 
 _APP: list[FastAPI] = []  # the app this replica process serves (one)
@@ -162,13 +120,13 @@ def _replica_id() -> str:
         return f"pid{os.getpid()}"
 
 
-def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str, Any]:
-    """The Ray Serve deployment's options for these settings and replica options."""
-    most = options.max_replicas if options.replicas is None else options.replicas
+def deployment_options(settings: Settings) -> dict[str, Any]:
+    """The Ray Serve deployment's options for these settings."""
+    most = settings.max_replicas if settings.replicas == "auto" else settings.replicas
     actor = {
-        "num_cpus": options.cpus_per_replica,
-        "num_gpus": options.gpus_per_replica,
-        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(options.threads)}},
+        "num_cpus": settings.cpus_per_replica,
+        "num_gpus": settings.gpus_per_replica,
+        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(replica_threads(settings))}},
     }
     found: dict[str, Any] = {
         "name": APP_NAME,
@@ -184,31 +142,31 @@ def deployment_options(settings: Settings, options: ReplicaOptions) -> dict[str,
         # a replica drains like one process: in-flight requests get drain_timeout_s
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
     }
-    if options.replicas is None:
+    if settings.replicas == "auto":
         found["autoscaling_config"] = {
-            "min_replicas": options.min_replicas,
-            "max_replicas": options.max_replicas,
+            "min_replicas": settings.min_replicas,
+            "max_replicas": settings.max_replicas,
             # scale up once a replica holds half its queue
             "target_ongoing_requests": max(1, settings.max_queued_jobs // 2),
         }
     else:
-        found["num_replicas"] = options.replicas
+        found["num_replicas"] = settings.replicas
     return found
 
 
-def application(settings: Settings, options: ReplicaOptions) -> Any:
+def application(settings: Settings) -> Any:
     """The Ray Serve application: ``SeddReplica`` behind the app of ``server.app``."""
     serve = _serve()
-    threads = options.threads
+    threads = replica_threads(settings)
 
     def build() -> FastAPI:  # Ray builds the app in each replica: a function of no argument
         return replica_app(settings, threads)
 
     ingress = serve.ingress(build)(SeddReplica)
-    return serve.deployment(**deployment_options(settings, options))(ingress).bind()
+    return serve.deployment(**deployment_options(settings))(ingress).bind()
 
 
-def run(settings: Settings, options: ReplicaOptions) -> None:
+def run(settings: Settings) -> None:
     """Start (or join) Ray, deploy the replicas, log the URL, and wait for SIGTERM/SIGINT;
     then let every replica drain and shut Serve and a Ray we started down."""
     import ray
@@ -220,7 +178,7 @@ def run(settings: Settings, options: ReplicaOptions) -> None:
     # the proxy's own plain-text errors become JSON 503s that say to retry (a local Ray
     # inherits this; a cluster started with `ray start` needs it in its environment)
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", proxy_errors.IMPORT_PATH)
-    started_ray = options.ray_address is None
+    started_ray = settings.ray_address is None
     if started_ray:
         ray.init(
             object_store_memory=OBJECT_STORE_BYTES,
@@ -228,14 +186,14 @@ def run(settings: Settings, options: ReplicaOptions) -> None:
             logging_level=logging.WARNING,
         )
     else:
-        ray.init(address=options.ray_address, logging_level=logging.WARNING)
+        ray.init(address=settings.ray_address, logging_level=logging.WARNING)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(application(settings, options), name=APP_NAME, route_prefix="/")
-        count = "auto" if options.replicas is None else options.replicas
+        serve.run(application(settings), name=APP_NAME, route_prefix="/")
+        count = "auto" if settings.replicas == "auto" else settings.replicas
         log.info(
             "serving %s with %s replica(s) on Ray at http://%s:%d",
             settings.model,

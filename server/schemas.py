@@ -230,22 +230,18 @@ class ImputeRequest(SamplingOptions):
                 raise ValueError(
                     f"`counts` row {i} has {len(row)} values but `genes` names {len(self.genes)}"
                 )
-        per_cell = self.cell_conditions
-        if per_cell is not None and len(per_cell) != len(self.counts):
-            raise ValueError(
-                f"`cell_conditions` names {len(per_cell)} conditions but `counts` has "
-                f"{len(self.counts)} cells: give one per cell"
-            )
-        if per_cell is not None and self.condition is not None:
-            raise ValueError("pass `condition` or `cell_conditions`, not both")
-        types = self.cell_types
-        if types is not None and len(types) != len(self.counts):
-            raise ValueError(
-                f"`cell_types` names {len(types)} cell types but `counts` has "
-                f"{len(self.counts)} cells: give one per cell"
-            )
-        if types is not None and self.cell_type is not None:
-            raise ValueError("pass `cell_type` or `cell_types`, not both")
+        for many, one, what in (
+            ("cell_conditions", "condition", "conditions"),
+            ("cell_types", "cell_type", "cell types"),
+        ):
+            per_cell = getattr(self, many)
+            if per_cell is not None and len(per_cell) != len(self.counts):
+                raise ValueError(
+                    f"`{many}` names {len(per_cell)} {what} but `counts` has "
+                    f"{len(self.counts)} cells: give one per cell"
+                )
+            if per_cell is not None and getattr(self, one) is not None:
+                raise ValueError(f"pass `{one}` or `{many}`, not both")
         return self
 
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:

@@ -63,8 +63,8 @@ HEADS_MAX = 1_024
 LABELS_MAX = 10_000_000
 
 
-class ST3Arch(_StrictArch):
-    """Constructor arguments of ``sedd.models.st3.SEDDTransformer``."""
+class _ST3Trunk(_StrictArch):
+    """The transformer both st3 networks share."""
 
     num_genes: int = Field(ge=1, le=GENES_MAX)
     num_bins: int = Field(ge=1, le=TOKENS_MAX)
@@ -73,20 +73,18 @@ class ST3Arch(_StrictArch):
     num_heads: int = Field(ge=1, le=HEADS_MAX)
     ff_mult: int = Field(default=4, ge=1, le=64)
     dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
+
+
+class ST3Arch(_ST3Trunk):
+    """Constructor arguments of ``sedd.models.st3.SEDDTransformer``."""
+
     max_seq_len: int | None = Field(default=None, ge=1, le=GENES_MAX)
 
 
-class ST3PerturbationArch(_StrictArch):
+class ST3PerturbationArch(_ST3Trunk):
     """Constructor arguments of ``sedd.models.st3.SEDDPerturbationTransformer``."""
 
-    num_genes: int = Field(ge=1, le=GENES_MAX)
-    num_bins: int = Field(ge=1, le=TOKENS_MAX)
     num_perturbations: int = Field(ge=1, le=LABELS_MAX)
-    hidden_dim: int = Field(ge=1, le=WIDTH_MAX)
-    num_layers: int = Field(ge=1, le=LAYERS_MAX)
-    num_heads: int = Field(ge=1, le=HEADS_MAX)
-    ff_mult: int = Field(default=4, ge=1, le=64)
-    dropout: float = Field(default=0.1, ge=0.0, lt=1.0)
     precomputed_emb_dim: int | None = Field(default=None, ge=1, le=WIDTH_MAX)
     num_cell_types: int | None = Field(default=None, ge=1, le=LABELS_MAX)
 

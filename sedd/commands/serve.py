@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.replicas is not None:
         from server import replicas
 
-        replicas.run(settings, replicas.ReplicaOptions.of(settings))
+        replicas.run(settings)
         return 0
     app = create_app(settings)
     preload(app)  # a bad checkpoint is a one-line error here, before anything listens

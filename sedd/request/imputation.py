@@ -183,21 +183,31 @@ def imputation_conditions(
         raise ValueError(
             f"`condition_key` must be left out: this model is unconditional, got {key!r}."
         )
+    labels = _obs_labels(obs, "condition_key", key, "label", "condition")
+    names, counts = label_runs(labels)
+    return tuple(names), tuple(counts)
+
+
+def _obs_labels(
+    obs: pd.DataFrame | None, field: str, key: str, what: str, single: str
+) -> list[str]:
+    """Each cell's value in the input's obs column ``key`` (named by the argument ``field``),
+    as text; a missing column or a cell without a value is a ValueError saying what to pass
+    (``single``: the argument that gives one value for all cells)."""
     if obs is None or key not in obs.columns:
         columns = [] if obs is None else [str(c) for c in obs.columns]
         raise ValueError(
-            f"`condition_key` {key!r} is not a column of the data's obs (columns: "
+            f"`{field}` {key!r} is not a column of the data's obs (columns: "
             f"{', '.join(columns[:10]) or 'none'}); pass one of them."
         )
-    labels = obs[key]
-    if labels.isna().any():
-        first = str(obs.index[labels.isna().to_numpy()][0])
+    column = obs[key]
+    if column.isna().any():
+        first = str(obs.index[column.isna().to_numpy()][0])
         raise ValueError(
-            f"`condition_key` {key!r} has no label for cell {first!r}; fill it or pass "
-            "`condition` for one condition for all."
+            f"`{field}` {key!r} has no {what} for cell {first!r}; fill it or pass `{single}` "
+            f"for one {single.replace('_', ' ')} for all."
         )
-    names, counts = label_runs([str(v) for v in labels])
-    return tuple(names), tuple(counts)
+    return [str(v) for v in column]
 
 
 def with_cell_types(
@@ -215,21 +225,8 @@ def with_cell_types(
         field = "cell_type_key" if cell_type_key is not None else "cell_types"
         raise ValueError(f"`{field}` must be left out: this model has no cell types.")
     if cell_type_key is not None:
-        obs = imputation.obs
-        if obs is None or cell_type_key not in obs.columns:
-            columns = [] if obs is None else [str(c) for c in obs.columns]
-            raise ValueError(
-                f"`cell_type_key` {cell_type_key!r} is not a column of the data's obs (columns: "
-                f"{', '.join(columns[:10]) or 'none'}); pass one of them."
-            )
-        column = obs[cell_type_key]
-        if column.isna().any():
-            first = str(obs.index[column.isna().to_numpy()][0])
-            raise ValueError(
-                f"`cell_type_key` {cell_type_key!r} has no cell type for cell {first!r}; fill "
-                "it or pass `cell_type` for one cell type for all."
-            )
-        cell_types = [str(v) for v in column]
+        cell_types = _obs_labels(imputation.obs, "cell_type_key", cell_type_key, "cell type",
+                                 "cell_type")  # fmt: skip
     names = tuple(cell_types or ())
     if len(names) != imputation.num_cells:
         raise ValueError(

@@ -15,19 +15,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from server_client import free_port
 
 HEADER_TIMEOUT_S = 2.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
             "--device", "cpu", "--header-timeout-s", str(HEADER_TIMEOUT_S)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

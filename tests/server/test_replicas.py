@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 import pytest
+from server_client import free_port
 
 pytest.importorskip("ray.serve", reason="pip install -e '.[ray]' runs these")
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.anyio]
@@ -39,15 +39,9 @@ class Served:
                 if line.startswith("sedd_") and 'replica="' in line}  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--replicas", "2", "--port", str(port),
             "--threads-per-replica", "1", "--precision", "fp32", "--device", "cpu",
             "--max-queued-jobs", "4", "--max-steps", "200", "--log-level", "warning"]  # fmt: skip

@@ -11,7 +11,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,18 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from server_client import free_port
 from server_models import save_tiny_model
 
 from sedd.defaults import DEFAULT_MODEL
 
 SEDD = [sys.executable, "-m", "sedd.cli"]
 Server = tuple[subprocess.Popen[str], int]  # (the `sedd serve` process, its port)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -66,7 +60,7 @@ def servers() -> Iterator[dict[str, Server]]:
     started: dict[str, Server] = {}
     try:
         for name, drain_s in (("drain 20 s", "20"), ("drain 0.5 s", "0.5"), ("two", "60")):
-            port = _free_port()
+            port = free_port()
             started[name] = (_spawn(port, drain_s), port)
         yield started
     finally:
