@@ -57,6 +57,8 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         tokens_per_forward=settings.tokens_per_forward,
         cuda_graphs=settings.cuda_graphs,
         max_queued_jobs=settings.max_queued_jobs,
+        max_rows_in_flight=settings.rows_in_flight,
+        fair=True,
         observer=service_metrics,
     )
     monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
@@ -99,7 +101,8 @@ def startup_line(service: Service) -> str:
         f"serving {loaded.path} ({config.architecture}, {config.num_genes} genes, {labels} "
         f"labels) on {loaded.device}, precision {service.precision.name}; limits: "
         f"{settings.max_cells_per_request} cells and {settings.max_steps} steps per request, "
-        f"{settings.max_queued_jobs} queued jobs, "
+        f"{settings.max_queued_jobs} queued jobs, {settings.rows_in_flight} cells in flight "
+        "(shared fairly), "
         f"{service.engine.sampler.block_rows} rows per forward; "
         f"API key {'required' if settings.api_key else 'off'}; "
         f"http://{settings.host}:{settings.port}"

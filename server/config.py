@@ -43,10 +43,22 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="a request body must arrive within this many seconds"
     )
     max_queued_jobs: int = Field(
-        default=64, ge=1, description="requests waiting or running at once (429 above it)"
+        default=64, ge=1, description="requests waiting to start (429 above it)"
     )
     max_rows_per_forward: int = Field(
         default=256, ge=1, description="cells the engine steps together, over all requests"
+    )
+    max_rows_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="cells of the requests running at once, which share each step's rows "
+        "fairly; unset: 4 x max_rows_per_forward",
+    )
+    max_cell_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="most cells x steps one request may ask for (422 too_costly above it); "
+        "unset: what its deadline allows at the measured forward time",
     )
     tokens_per_forward: int | None = Field(
         default=None, ge=1, description="rows x genes per model forward (the fixed row block)"
@@ -103,6 +115,13 @@ class Settings(BaseSettings):
                 f"({self.max_replicas})"
             )
         return self
+
+    @property
+    def rows_in_flight(self) -> int:
+        """``max_rows_in_flight``, or 4 x ``max_rows_per_forward`` when unset."""
+        if self.max_rows_in_flight is not None:
+            return self.max_rows_in_flight
+        return 4 * self.max_rows_per_forward
 
     def resolved_device(self) -> str:
         """``auto`` -> ``cuda`` when available, else ``cpu``."""

@@ -45,9 +45,20 @@ def submit(
 
 
 def check_cost(service: Service, planned: PlannedJob) -> None:
-    """Refuse at once a request whose own model time, at the engine's measured forward time,
-    is longer than its deadline: it could only hold the engine and end in a 504."""
+    """Refuse at once a request above ``max_cell_steps``, or whose own model time at the
+    engine's measured forward time is longer than its deadline: it could only hold the engine
+    and end in a 504."""
     job = planned.job
+    limit, cost = service.settings.max_cell_steps, job.num_cells * job.steps
+    if limit is not None and cost > limit:
+        raise FieldError(
+            ["body"],
+            f"this request asks for {cost} cell-steps ({job.num_cells} cells x {job.steps} "
+            f"steps); the server takes at most {limit} (max_cell_steps); ask for fewer cells "
+            "or steps",
+            type="too_costly",
+            ctx={"cell_steps": cost, "max_cell_steps": limit},
+        )
     estimate = service.engine.estimated_seconds(job.num_cells, job.steps)
     if estimate is None or estimate <= planned.timeout_s:
         return

@@ -6,10 +6,14 @@ background thread, and the Python API, the CLI, shard jobs and ``sedd bench`` in
 the in-flight rows of every job into one step, proposed on the device with no host sync and
 settled after one small readback a tick.
 
-* Admission is by rows, strictly FIFO, up to ``max_rows_per_forward`` rows in flight. The head of
-  the queue joins whole when it fits, else with as many rows as fit; the rest of its rows join at
-  later boundaries, each block on its own step. So a job larger than the cap runs in row chunks
-  and no job is overtaken (none starves).
+* A tick steps at most ``max_rows_per_forward`` rows. Offline (the default), admission is by
+  rows, strictly FIFO, up to ``max_rows_in_flight`` (default the same) rows in flight: the head of
+  the queue joins whole when it fits, else with as many rows as fit, and the rest join at later
+  boundaries, each block on its own step; no job is overtaken. The server's engine is ``fair``:
+  jobs start whole while fewer than ``max_rows_in_flight`` rows and ``max_rows_per_forward``
+  jobs are in flight, and each tick's rows are shared max-min fairly between them
+  (``sharing.fair_shares``), so a small job runs beside a big one. ``EngineFull.retry_after`` is
+  the ticks until the head of the queue can start at today's shares, times a measured tick.
 * Every model forward runs on blocks of exactly ``sampler.block_rows`` rows (``Engine.for_model``:
   ``tokens_per_forward // genes``), the last block padded with copies of its last row. At a fixed
   shape each kernel (linear, attention, layer norm) computes a row the same way whatever the other

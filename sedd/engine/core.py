@@ -2,12 +2,10 @@
 
 This is the only sampling loop in the codebase. The server ticks it on a background thread
 (``start``); the Python API, the CLI, shard jobs and ``sedd bench`` tick it in their own thread
-(``sedd.engine.offline``). Each ``tick`` is one step boundary. Cancelled and timed-out jobs leave,
-waiting rows join, then one packed step moves every in-flight row one step on its own job's
-``time_grid(steps, eps)``, followed by the denoise to s = 0, with per-row t, s, temperature,
-predictor, conditioning and random stream (``sedd.engine.rows``). Cell i of a job draws from stream
-(seed, first_cell + i) (``sedd.diffusion.randomness``), and the model runs on fixed row blocks, so
-its tokens are those of the same cell run alone, bit for bit.
+(``sedd.engine.offline``). Each ``tick`` is one step boundary: cancelled and timed-out jobs leave,
+waiting rows join, and one packed step moves this tick's share of the rows in flight
+(``sedd.engine.sharing``) one step, each row on its own job's time grid, with its own settings
+and random stream (``sedd.engine.rows``), so its tokens are those of the same cell run alone.
 
 A tick makes one host sync in the usual case: the step is proposed on the device for every kind
 of conditioning, then one small (rows, 2) tensor comes back (rows whose output was not finite,
@@ -45,6 +43,7 @@ from sedd.engine.jobs import (
     validate_job,
 )
 from sedd.engine.rows import JobState, RowBlock
+from sedd.engine.sharing import admit, groups_of, select, ticks_until_room
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
@@ -62,6 +61,10 @@ class Engine:
 
     ``Engine.for_model(loaded, precision)`` serves a loaded checkpoint; the constructor takes a
     ``Sampler`` (the step maths) and the ``JobLimits`` jobs are checked against.
+
+    A tick steps at most ``max_rows_per_forward`` rows; jobs start while fewer than
+    ``max_rows_in_flight`` rows (default: one tick's) are in flight, ``max_queued_jobs`` wait.
+    ``fair`` shares each tick's rows max-min fairly between jobs (the server; ``sharing``).
     """
 
     @classmethod
@@ -96,14 +99,20 @@ class Engine:
         *,
         max_rows_per_forward: int = 256,
         max_queued_jobs: int = 64,
+        max_rows_in_flight: int | None = None,
+        fair: bool = False,
         observer: EngineObserver | None = None,
     ) -> None:
+        in_flight = max_rows_per_forward if max_rows_in_flight is None else max_rows_in_flight
         for name, value in (("max_rows_per_forward", max_rows_per_forward),
-                            ("max_queued_jobs", max_queued_jobs)):  # fmt: skip
+                            ("max_queued_jobs", max_queued_jobs),
+                            ("max_rows_in_flight", in_flight)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"`{name}` must be >= 1, got {value}.")
         self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
+        self.max_rows_in_flight = in_flight
+        self.fair = fair
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[JobState] = deque()  # FIFO; the head may be partly admitted
@@ -151,8 +160,9 @@ class Engine:
         start = self.tick_started_monotonic = time.monotonic()
         with self._lock:
             ended = self._ended_locked(start)
-            joined = self._admit_locked(start)
-            blocks = list(self._active)
+            joined = admit(self._waiting, self._active, self.max_rows_per_forward,
+                           self.max_rows_in_flight, start, fair=self.fair)  # fmt: skip
+            self._active.extend(joined)
         for st, err in ended:
             self._finish(st, None, err)
         graph, device = self.sampler.graph, self.sampler.device
@@ -161,18 +171,25 @@ class Engine:
                 blk.state.materialise(graph, self.limits.num_genes, device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only
                 self._finish(blk.state, None, err)
-        blocks = [blk for blk in blocks if not blk.state.done]
+        with self._lock:  # this tick's rows; blocks split by the shares stay in flight
+            groups = groups_of(self._active)
+            chosen, self._active = select(groups, self.max_rows_per_forward, fair=self.fair)
+        blocks = [blk for blk in chosen if not blk.state.done]
         if blocks:
+            calls = self._stepper.model_calls
             self._stepper.step(blocks)
             self._retire(blocks)
-            seconds = time.monotonic() - start
-            old = self._tick_seconds
-            self._tick_seconds = seconds if old == 0 else 0.8 * old + 0.2 * seconds
-            each = seconds / len(blocks)  # one forward a block
-            last = self.forward_seconds
-            self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
+            self._time(time.monotonic() - start, self._stepper.model_calls - calls)
         self.last_tick_monotonic = time.monotonic()
         return sum(blk.rows for blk in blocks)
+
+    def _time(self, seconds: float, calls: int) -> None:
+        """Moving averages of a busy tick (for retry_after) and of one forward (for cost)."""
+        old = self._tick_seconds
+        self._tick_seconds = seconds if old == 0 else 0.8 * old + 0.2 * seconds
+        if calls:
+            each, last = seconds / calls, self.forward_seconds
+            self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
 
     def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
         ended: list[tuple[JobState, Exception]] = []
@@ -186,21 +203,6 @@ class Engine:
         for st, _ in ended:
             self._remove_locked(st)
         return ended
-
-    def _admit_locked(self, now: float) -> list[RowBlock]:
-        free = self.max_rows_per_forward - sum(blk.rows for blk in self._active)
-        joined: list[RowBlock] = []
-        while free > 0 and self._waiting:
-            st = self._waiting[0]
-            take = min(st.job.num_cells - st.admitted, free)
-            st.started = now if st.started is None else st.started
-            joined.append(RowBlock(st, st.admitted, st.admitted + take))
-            st.admitted += take
-            free -= take
-            if st.admitted == st.job.num_cells:
-                self._waiting.popleft()
-        self._active.extend(joined)
-        return joined
 
     def _retire(self, blocks: list[RowBlock]) -> None:
         """Drop finished blocks, report progress, complete jobs whose rows are all done."""
@@ -280,11 +282,18 @@ class Engine:
             log.exception("observer %s raised", hook)
 
     def _retry_after_locked(self) -> float:
-        """Seconds until the first in-flight job ends and the queue moves (an estimate)."""
-        if self._tick_seconds == 0:
-            return 1.0
-        left = min((blk.state.job.total_steps - blk.step for blk in self._active), default=1)
-        return max(0.05, self._tick_seconds * left)
+        """Seconds until a queued job can start, so one more can queue (an estimate): the
+        ticks ``sharing.ticks_until_room`` counts, at the measured time of a busy tick."""
+        return max(0.05, self._tick_seconds * self._ticks_locked()) if self._tick_seconds else 1.0
+
+    def ticks_until_room(self) -> int:
+        """Ticks until the head of the queue can start (``EngineFull.retry_after``'s)."""
+        with self._lock:
+            return self._ticks_locked()
+
+    def _ticks_locked(self) -> int:
+        limits = (self.max_rows_per_forward, self.max_rows_in_flight)
+        return ticks_until_room(groups_of(self._active), *limits, fair=self.fair)
 
     # ---- the background thread -------------------------------------------------------------
 
@@ -340,18 +349,16 @@ class Engine:
             self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
 
     def estimated_seconds(self, rows: int, steps: int) -> float | None:
-        """Model time a job of ``rows`` rows and ``steps`` steps needs at the measured forward
-        time, on its own: one forward per block of ``block_rows`` rows per step, plus the final
-        denoise. None until a forward has been timed."""
+        """Model time of a job of ``rows`` rows x ``steps`` steps alone (a forward per block per
+        step, and the denoise) at the measured forward time; None before one is timed."""
         if self.forward_seconds is None:
             return None
         block = self.sampler.block_rows or max(rows, 1)
         return (steps + 1) * -(-rows // block) * self.forward_seconds
 
     def cut(self) -> None:
-        """Stop now, from any thread: take no new jobs and fail every queued and in-flight job
-        at once with ``EngineStopped``, without waiting for a step under way (the engine thread
-        finishes it, drops its rows and stops at that boundary). Idempotent."""
+        """Stop now, from any thread: fail every queued and in-flight job at once with
+        ``EngineStopped`` (a step under way finishes and is dropped). Idempotent."""
         with self._lock:
             self._accepting = False
             self._abort = True

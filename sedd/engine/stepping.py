@@ -43,6 +43,7 @@ class Stepper:
     def __init__(self, sampler: Sampler, finish: Finish, observe: Callable[..., None]) -> None:
         self.sampler, self._finish, self._observe = sampler, finish, observe
         self.readbacks = 0  # device -> host reads of step results (one a tick, as a rule)
+        self.model_calls = 0  # model forwards run so far (row blocks, fp32 recomputation)
 
     def step(self, blocks: list[RowBlock]) -> None:
         """One step of every block: one packed step per kind of conditioning, proposed on the
@@ -110,4 +111,5 @@ class Stepper:
                 self._settle(retry, self._read_back([retry.proposal]))
             return
         if calls:
+            self.model_calls += calls
             self._observe("on_forward", rows, seconds, calls)

@@ -61,6 +61,8 @@ def _card(service: Service) -> ModelCard:
             "max_body_bytes": settings.max_body_bytes,
             "max_queued_jobs": settings.max_queued_jobs,
             "max_rows_per_forward": settings.max_rows_per_forward,
+            "max_rows_in_flight": settings.rows_in_flight,
+            **({"max_cell_steps": settings.max_cell_steps} if settings.max_cell_steps else {}),
             "request_timeout_s": settings.request_timeout_s,
         },
     )

@@ -17,6 +17,7 @@ from sedd.engine import JobResult
 from server import encoding, planning
 from server.deps import AuthDep, ServiceDep
 from server.errors import FieldError, http_error
+from server.events import stream_responses
 from server.limits import LimitedRoute
 from server.runner import run_job, stream_job
 from server.schemas import (
@@ -47,12 +48,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     )
 }
 _H5AD = {200: {"content": {encoding.H5AD_MEDIA_TYPE: {"schema": {"type": "string"}}}}}
-_SSE = {
-    200: {
-        "description": "events: queued, progress (per step), then result or error",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-    }
-}
 
 
 async def _answer(
@@ -100,7 +95,7 @@ async def generate(body: GenerateRequest, service: ServiceDep, request: Request)
 
 @router.post(
     "/generate/stream",
-    responses={**_ERRORS, **_SSE},
+    responses={**_ERRORS, **stream_responses(GenerateResponse)},
     response_class=StreamingResponse,
     summary="Generate whole cells, streaming per-step progress (server-sent events)",
 )
@@ -124,7 +119,7 @@ async def predict(body: PredictRequest, service: ServiceDep, request: Request) -
 
 @router.post(
     "/predict/stream",
-    responses={**_ERRORS, **_SSE},
+    responses={**_ERRORS, **stream_responses(PredictResponse)},
     response_class=StreamingResponse,
     summary="Predict perturbation responses, streaming per-step progress",
 )
@@ -148,7 +143,7 @@ async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> 
 
 @router.post(
     "/impute/stream",
-    responses={**_ERRORS, **_SSE},
+    responses={**_ERRORS, **stream_responses(ImputeResponse)},
     response_class=StreamingResponse,
     summary="Impute, streaming per-step progress",
 )

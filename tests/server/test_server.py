@@ -11,8 +11,10 @@ import io
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import anndata
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -351,6 +353,7 @@ async def test_stream_sends_queued_progress_per_step_then_the_result(model_dir: 
     body = {"num_cells": 2, "steps": 3, "condition": "TP53"}
     async with served(make_settings(model_dir)) as (client, _):
         plain = (await client.post("/generate", json=body)).json()
+        openapi = (await client.get("/openapi.json")).json()
         async with client.stream("POST", "/generate/stream", json=body) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             text = "".join([chunk async for chunk in response.aiter_text()])
@@ -364,6 +367,20 @@ async def test_stream_sends_queued_progress_per_step_then_the_result(model_dir: 
     assert steps == [1, 2, 3, 4]
     assert all(data["steps"] == 4 for name, data in events if name == "progress")
     assert events[-1][1]["counts"] == plain["counts"]
+    # every event is one of the schema's typed events (OpenAPI 3.2 itemSchema)
+    for name, data in events:
+        jsonschema.validate(data, _event_schema(openapi, "/generate/stream", name))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"step": "1"}, _event_schema(openapi, "/generate/stream", "progress"))
+
+
+def _event_schema(openapi: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    """The JSON schema of the ``data`` of event ``name`` on ``path``, its refs resolvable."""
+    content = openapi["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]
+    [event] = [
+        e for e in content["itemSchema"]["oneOf"] if e["properties"]["event"]["const"] == name
+    ]
+    return {**event["properties"]["data"]["contentSchema"], "components": openapi["components"]}
 
 
 async def test_stream_reports_an_unknown_name_before_streaming(model_dir: Path) -> None:

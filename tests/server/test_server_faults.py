@@ -92,6 +92,52 @@ async def test_full_queue_is_429_with_retry_after_and_a_json_body(model_dir: Pat
     }
 
 
+async def test_a_small_request_runs_beside_a_big_one_with_the_cells_of_a_solo_run(
+    model_dir: Path,
+) -> None:
+    """Rows are shared fairly between requests: a 1-cell request sent while a big one holds
+    every row of each step finishes long before it, and both get their solo cells."""
+    settings = make_settings(model_dir, max_rows_per_forward=4, max_steps=400)
+    big_body = {"num_cells": 4, "steps": 300, "condition": "KRAS", "seed": 1}
+    small_body = {"num_cells": 1, "steps": 5, "condition": "TP53", "seed": 2}
+    async with served(settings, slow_s=0.01) as (client, _):
+        big = asyncio.ensure_future(client.post("/generate", json=big_body))
+        await asyncio.sleep(0.3)
+        start = time.monotonic()
+        small = await client.post("/generate", json=small_body)
+        small_s = time.monotonic() - start
+        assert not big.done()  # the big one (about 3 s of forwards) still runs
+        big_response = await big
+    assert small.status_code == big_response.status_code == 200
+    assert small_s < 2.0, small_s
+    loaded, precision = load_checkpoint(model_dir), resolve_precision("fp32", "cpu")
+    for body, response in ((big_body, big_response), (small_body, small)):
+        request = GenerationRequest(
+            cells_per_condition=body["num_cells"], conditions=(body["condition"],),
+            steps=body["steps"], seed=body["seed"],
+        )  # fmt: skip
+        solo = generate(loaded, request, precision)
+        np.testing.assert_array_equal(np.array(response.json()["counts"]), solo.counts)
+
+
+async def test_a_request_over_max_cell_steps_is_a_422_naming_cost_and_limit(
+    model_dir: Path,
+) -> None:
+    async with served(make_settings(model_dir, max_cell_steps=100)) as (client, _):
+        over = await client.post("/generate", json={"num_cells": 8, "steps": 20})
+        at = await client.post("/generate", json={"num_cells": 5, "steps": 20})
+        card = (await client.get("/v1/models")).json()["data"][0]
+    assert at.status_code == 200 and len(at.json()["counts"]) == 5
+    assert over.status_code == 422
+    [error] = over.json()["detail"]
+    assert error["type"] == "too_costly"
+    assert error["ctx"] == {"cell_steps": 160, "max_cell_steps": 100}
+    assert (
+        "160 cell-steps (8 cells x 20 steps)" in error["msg"] and "(max_cell_steps)" in error["msg"]
+    )
+    assert card["limits"]["max_cell_steps"] == 100 and card["limits"]["max_rows_in_flight"] == 256
+
+
 async def test_deadline_is_504(model_dir: Path) -> None:
     async with served(make_settings(model_dir), slow_s=0.1) as (client, app):
         body = {"num_cells": 1, "steps": 20, "timeout_s": 1}
