@@ -171,6 +171,12 @@ def main() -> None:
         help="compare these replica counts of `sedd serve --replicas N` (Ray) instead",
     )
     parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="with --replicas: also time the same requests in as many plain processes (no Ray, "
+        "no HTTP), each with one torch thread: the most the cores give",
+    )
+    parser.add_argument(
         "--random-model",
         type=int,
         metavar="GENES",
@@ -298,6 +304,43 @@ class ReplicaServer:
             self.process.kill()
 
 
+def _plain_worker(args: argparse.Namespace, seeds: list[int], start, out) -> None:
+    """One process without a server: ``Model.generate`` of each seed's request, one by one."""
+    import sedd
+
+    torch.set_num_threads(1)
+    model = sedd.load(args.model, device=args.device if args.device != "auto" else None,
+                      precision=args.precision)  # fmt: skip
+    condition = args.condition or model.control
+    model.generate(args.cells, condition=condition, steps=2, progress=False)  # warm-up
+    start.wait()
+    began = time.perf_counter()
+    for seed in seeds:
+        model.generate(args.cells, condition=condition, steps=args.steps, seed=seed,
+                       progress=False)  # fmt: skip
+    out.put((began, time.perf_counter()))
+
+
+def bench_processes(args: argparse.Namespace, count: int) -> float:
+    """Cells/s of ``count`` plain processes (no Ray, no HTTP) sharing ``args.requests``
+    requests: what this machine's cores give the model alone, the ceiling for the replicas."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(count + 1), ctx.Queue()
+    seeds = list(range(args.requests))
+    workers = [ctx.Process(target=_plain_worker, args=(args, seeds[i::count], start, out))
+               for i in range(count)]  # fmt: skip
+    for worker in workers:
+        worker.start()
+    start.wait()  # every process has loaded its model and warmed up
+    spans = [out.get() for _ in workers]
+    for worker in workers:
+        worker.join()
+    seconds = max(end for _, end in spans) - min(began for began, _ in spans)
+    return args.requests * args.cells / seconds
+
+
 def bench_replicas(args: argparse.Namespace) -> None:
     """Throughput and latency of each replica count under the same load, and every response
     checked against ``Model.generate`` for the same request."""
@@ -309,6 +352,7 @@ def bench_replicas(args: argparse.Namespace) -> None:
         with ReplicaServer(args, count) as server:
             result = asyncio.run(_load(server.url, args, f"{count} replica(s)", answers[count]))
         results.append(result)
+    plain = {count: bench_processes(args, count) for count in args.replicas} if args.ceiling else {}
     torch.set_num_threads(1)  # as each replica runs
     model = sedd.load(args.model, device=args.device if args.device != "auto" else None,
                       precision=args.precision)  # fmt: skip
@@ -335,6 +379,11 @@ def bench_replicas(args: argparse.Namespace) -> None:
     base = results[0]
     for r in results[1:]:
         print(f"{r.mode} / {base.mode}: throughput x{r.cells_per_s / base.cells_per_s:.2f}")
+    if plain:
+        first = args.replicas[0]
+        for count, rate in plain.items():
+            print(f"{count} plain process(es), no server: {rate:.2f} cells/s "
+                  f"(x{rate / plain[first]:.2f} of {first})")  # fmt: skip
     print(
         f"responses equal to Model.generate for the same request: {checked - mismatches}/{checked}"
     )
@@ -346,6 +395,7 @@ def bench_replicas(args: argparse.Namespace) -> None:
             for r in results
         }  # fmt: skip
         figures["responses_checked"] = {"checked": checked, "mismatches": mismatches}
+        figures["plain_processes_cells_per_s"] = {str(k): v for k, v in plain.items()}
         args.json.write_text(json.dumps({"args": vars(args) | {"model": str(args.model)},
                                          **figures}, indent=2, default=str))  # fmt: skip
 
