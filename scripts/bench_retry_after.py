@@ -16,41 +16,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from serve_process import ServeProcess
 
 from sedd.defaults import DEFAULT_MODEL
 
 SHAPES = ((4, 20), (2, 40), (4, 10), (3, 30))  # cells x steps of every request in one round
 
 
-def start_server(model: Path, port: int) -> subprocess.Popen[bytes]:
-    argv = [
-        sys.executable, "-m", "sedd.cli", "serve", "--model", str(model), "--port", str(port),
-        "--precision", "fp32", "--device", "cpu", "--max-rows-per-forward", "2",
-        "--max-queued-jobs", "1", "--max-cells-per-request", "4", "--max-steps", "60",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"sedd serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise SystemExit("sedd serve was not ready within 120 s")
+def serve(model: Path) -> ServeProcess:
+    """The bundled (or given) model, fp32 on the CPU, two requests running and one waiting."""
+    return ServeProcess([
+        "--model", str(model), "--precision", "fp32", "--device", "cpu",
+        "--max-rows-per-forward", "2", "--max-queued-jobs", "1", "--max-cells-per-request", "4",
+        "--max-steps", "60",
+    ])  # fmt: skip
 
 
 async def one_shape(
@@ -85,15 +68,10 @@ async def run(url: str, poll_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--port", type=int, default=8799)
     parser.add_argument("--poll-s", type=float, default=0.25, help="how often /readyz is asked")
     args = parser.parse_args()
-    proc = start_server(args.model, args.port)
-    try:
-        asyncio.run(run(f"http://127.0.0.1:{args.port}", args.poll_s))
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    with serve(args.model) as server:
+        asyncio.run(run(server.url, args.poll_s))
 
 
 if __name__ == "__main__":

@@ -29,11 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,6 +40,7 @@ import httpx
 import numpy as np
 import torch
 import uvicorn
+from serve_process import ServeProcess, free_port
 
 from sedd.checkpoints import LoadedModel, build_model, save_native
 from sedd.checkpoints.schema import ModelConfig
@@ -68,12 +65,6 @@ class RunResult:
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class BackgroundServer:
@@ -141,7 +132,7 @@ def run_mode(args: argparse.Namespace, mode: str, rows: int) -> RunResult:
         model=args.model,
         device=args.device,
         precision=args.precision,
-        port=_free_port(),
+        port=free_port(),
         max_rows_per_forward=rows,
         max_queued_jobs=max(64, args.clients * 2),
         max_cells_per_request=max(args.cells, 1),
@@ -260,48 +251,21 @@ def bench(args: argparse.Namespace) -> None:
         )
 
 
-class ReplicaServer:
-    """``sedd serve --replicas N`` as a child process (its own local Ray), stopped by SIGTERM."""
+def replica_server(args: argparse.Namespace, replicas: int) -> ServeProcess:
+    """``sedd serve --replicas N`` (its own local Ray), ready once /metrics shows N replicas."""
 
-    def __init__(self, args: argparse.Namespace, replicas: int) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [
-            sys.executable, "-m", "sedd.cli", "serve", "--replicas", str(replicas),
-            "--threads-per-replica", "1", "--cpus-per-replica", "1", "--port", str(self.port),
-            "--model", str(args.model), "--device", args.device, "--precision", args.precision,
-            "--max-queued-jobs", str(max(64, args.clients * 2)),
-            "--max-cells-per-request", str(max(args.cells, 1)),
-            "--max-steps", str(max(args.steps, 2)), "--log-level", "warning",
-        ]  # fmt: skip
-        self.replicas = replicas
-
-    def __enter__(self) -> ReplicaServer:
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"sedd serve --replicas exited with {self.process.returncode}")
-            try:
-                metrics = httpx.get(f"{self.url}/metrics", timeout=5)
-                if metrics.status_code == 200 and self._replicas_seen(metrics.text):
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise RuntimeError("the replicas did not become ready within 300 s")
-
-    def _replicas_seen(self, text: str) -> bool:
-        seen = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+    def all_replicas_seen(metrics: httpx.Response) -> bool:
+        seen = {line.split('replica="')[1].split('"')[0] for line in metrics.text.splitlines()
                 if 'replica="' in line}  # fmt: skip
-        return len(seen) >= self.replicas
+        return metrics.status_code == 200 and len(seen) >= replicas
 
-    def __exit__(self, *exc: object) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+    flags = [
+        "--replicas", str(replicas), "--threads-per-replica", "1", "--cpus-per-replica", "1",
+        "--model", str(args.model), "--device", args.device, "--precision", args.precision,
+        "--max-queued-jobs", str(max(64, args.clients * 2)),
+        "--max-cells-per-request", str(max(args.cells, 1)), "--max-steps", str(max(args.steps, 2)),
+    ]  # fmt: skip
+    return ServeProcess(flags, ready_path="/metrics", ready=all_replicas_seen, timeout_s=300)
 
 
 def _plain_worker(args: argparse.Namespace, seeds: list[int], start, out) -> None:
@@ -349,7 +313,7 @@ def bench_replicas(args: argparse.Namespace) -> None:
     results, answers = [], {}
     for count in args.replicas:
         answers[count] = {}
-        with ReplicaServer(args, count) as server:
+        with replica_server(args, count) as server:
             result = asyncio.run(_load(server.url, args, f"{count} replica(s)", answers[count]))
         results.append(result)
     plain = {count: bench_processes(args, count) for count in args.replicas} if args.ceiling else {}
