@@ -87,3 +87,26 @@ def test_each_python_example_passes_keywords_the_api_takes() -> None:
             for keyword in node.keywords:
                 assert keyword.arg in takes, f"{node.func.attr}({keyword.arg}=...) in the README"
     assert calls >= 8
+
+
+def _section(title: str) -> str:
+    """The README's ``## title`` section, up to the next ``## `` heading."""
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start : None if end < 0 else end]
+
+
+def test_the_gpu_set_up_installs_the_test_extra_gpu_check_needs() -> None:
+    """``scripts/gpu_check.sh`` starts with ``python -m pytest``: the GPU set-up's install of
+    the project must bring the ``test`` extra, or the check fails at its first step."""
+    shell = "".join(block for lang, block in re.findall(r"```(\w*)\n(.*?)```",
+                    _section("GPU set-up"), re.S) if lang == "bash")  # fmt: skip
+    targets = [
+        argv[argv.index("-e") + 1]
+        for line in shell.splitlines()
+        if "pip install" in line and "-e" in (argv := shlex.split(line, comments=True))
+    ]
+    assert len(targets) == 1, targets  # one editable install of the project
+    extras = re.fullmatch(r"\.(?:\[([\w,-]*)\])?", targets[0])
+    assert extras is not None, targets[0]
+    assert "test" in (extras.group(1) or "").split(","), targets[0]
