@@ -429,3 +429,23 @@ def test_uniform_graph_score_model_jobs_match_their_solo_runs():
             j.num_cells, steps=j.steps, num_genes=64, seed=j.seed, first_cell=j.first_cell
         )
         assert torch.equal(handle.future.result().tokens, want)
+
+
+def test_a_job_is_handed_back_only_after_the_tick_that_finished_it_is_timed():
+    """Whoever a job's result wakes (the server's warm-up, restarting the engine's averages
+    between its cold and its warm job) finds the tick that finished it already timed: that
+    tick writes none of its times after the result is out."""
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=4)
+    handle = engine.submit(job(2, steps=3))
+    seen: list[tuple[float | None, ...]] = []
+
+    def times(_: object) -> None:  # runs on the ticking thread, as the result is set
+        seen.append((engine.tick_started_monotonic, engine.last_tick_monotonic,
+                     engine.forward_seconds))  # fmt: skip
+
+    handle.future.add_done_callback(times)
+    while not handle.future.done():
+        engine.tick()
+    [(started, ended, forward)] = seen
+    assert started is not None and ended is not None and ended >= started
+    assert (ended, forward) == (engine.last_tick_monotonic, engine.forward_seconds)
