@@ -76,16 +76,19 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
 
 
 async def warm_up(service: Service) -> None:
-    """One 1-cell, 1-step job of the model's default condition at start-up: the forward time
-    is measured (for ``check_cost``) before the first request, and lazy kernels are loaded."""
+    """Two 1-cell, 1-step jobs of the model's default condition at start-up, before the first
+    request. The first is cold (on CUDA: cuBLAS handles, module loads, allocator growth, graph
+    capture); only the second, warm one sets the forward time ``check_cost`` plans with, or
+    every request's cost would be overstated and some refused that would finish."""
     loaded, engine = service.loaded, service.engine
     condition = loaded.config.control_label or (loaded.conditions or [None])[0]
     names = [condition] if loaded.conditional and condition is not None else None
     request = GenerationRequest.of(1, names, None, SamplingOptions.resolve(1, None))
     observer, engine.observer = engine.observer, None  # not a request: not in the metrics
     try:
-        handle = engine.submit(plan(loaded, request).job())
-        await asyncio.wrap_future(handle.future)
+        await asyncio.wrap_future(engine.submit(plan(loaded, request).job()).future)  # cold
+        engine.restart_timing()  # safe: a job is handed back after its last tick is timed
+        await asyncio.wrap_future(engine.submit(plan(loaded, request).job()).future)  # warm
     except Exception as err:  # a model that fails here fails its requests the same way
         log.warning("warm-up job failed (%s); requests are not cost-checked yet", err)
     finally:

@@ -194,6 +194,11 @@ class Engine:
             each, last = seconds / calls, self.forward_seconds
             self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
 
+    def restart_timing(self) -> None:
+        """Forget the measured tick and forward times; the next busy ticks set them afresh.
+        For a warm-up: its first ticks are cold and would overstate both for many ticks."""
+        self._tick_seconds, self.forward_seconds = 0.0, None
+
     def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
         ended: list[tuple[JobState, Exception]] = []
         for st in self._states_locked():

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from server_client import make_settings, served, slow_down
@@ -20,7 +21,7 @@ from sedd.checkpoints import load_checkpoint
 from sedd.cli import main
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
-from server.app import create_app
+from server.app import create_app, preload
 
 
 def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
@@ -136,6 +137,35 @@ async def test_a_request_over_max_cell_steps_is_a_422_naming_cost_and_limit(
         "160 cell-steps (8 cells x 20 steps)" in error["msg"] and "(max_cell_steps)" in error["msg"]
     )
     assert card["limits"]["max_cell_steps"] == 100 and card["limits"]["max_rows_in_flight"] == 256
+
+
+async def test_cost_admission_plans_with_the_warm_forward_not_the_cold_first_one(
+    model_dir: Path,
+) -> None:
+    """The first forward after start-up is slow (on a GPU: cuBLAS handles, module loads,
+    allocator growth, graph capture). Only the start-up warm-up's warm forward may set the
+    engine's forward time, or cost admission refuses (422 too_costly) requests that would
+    finish. Here the first forward alone sleeps 0.5 s; the others take milliseconds."""
+    app = create_app(make_settings(model_dir))
+    forwards = 0
+
+    def cold_first(module: object, args: object) -> None:
+        nonlocal forwards
+        forwards += 1
+        if forwards == 1:
+            time.sleep(0.5)
+
+    preload(app).loaded.model.register_forward_pre_hook(cold_first)
+    async with app.router.lifespan_context(app):
+        warm_s = app.state.service.engine.forward_seconds
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sedd.test") as client:
+            # 21 forwards: about 8 s at the cold forward's time, well within 5 s when warm
+            body = {"num_cells": 8, "steps": 20, "timeout_s": 5}
+            response = await client.post("/generate", json=body)
+    assert warm_s is not None and warm_s < 0.1, warm_s
+    assert response.status_code == 200, response.text
+    assert len(response.json()["counts"]) == 8
 
 
 async def test_deadline_is_504(model_dir: Path) -> None:
