@@ -2,24 +2,47 @@
 stalls make multi-threaded torch many times slower (a test about threading sets its own).
 Async tests (``pytest.mark.anyio``) run on asyncio. ``SEDD_TEST_DEVICE`` picks the device of the
 device-relevant tests (``tests/helpers/devices.py``); a lane that cannot run here stops in one
-line. Shared helpers live in ``tests/helpers`` (on the path: ``pyproject.toml``); the bundled
+line. ``SEDD_EMULATE_CUDA=1`` runs the session on emulated CUDA (``sedd.cuda_emulation``).
+Shared helpers live in ``tests/helpers`` (on the path: ``pyproject.toml``); the bundled
 model is one session fixture, ``bundled_model``."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 import torch
-from devices import lane_problem
+from devices import EMULATED, lane_problem
 
 import sedd
+
+_EMULATION = contextlib.ExitStack()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     problem = lane_problem()
     if problem is not None:
         pytest.exit(problem, returncode=4)
+    if EMULATED:  # before collection: test modules build CUDA models at import
+        from sedd.cuda_emulation import emulate_cuda
+
+        config.stash[EMULATOR] = _EMULATION.enter_context(emulate_cuda())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _EMULATION.close()
+
+
+EMULATOR = pytest.StashKey["object"]()
+
+
+@pytest.fixture(scope="session")
+def emulator(request: pytest.FixtureRequest) -> object:
+    """The session's ``sedd.cuda_emulation.Emulator`` (the emulated lane only)."""
+    if not EMULATED:
+        pytest.skip("the emulated CUDA lane: SEDD_EMULATE_CUDA=1")
+    return request.config.stash[EMULATOR]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -57,6 +57,11 @@ class DeviceRouting(TorchFunctionMode):
             device = torch.device("cuda") if device is None else torch.device("cuda", device) \
                 if isinstance(device, int) else torch.device(device)  # fmt: skip
             return self._to(args[0], device, None, kwargs.get("non_blocking", False), None, {})
+        if func is torch.Tensor.numpy and isinstance(args[0], EmulatedCudaTensor):
+            raise TypeError(
+                f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() "
+                "to copy the tensor to host memory first."
+            )
         if func is torch.Tensor.pin_memory:
             return self.emulator.pin(args[0].clone())
         if func is torch.Tensor.is_pinned:

@@ -90,7 +90,7 @@ def _site() -> str:
     """The innermost frame of this project outside the emulator, as ``path:line in function``."""
     for frame in reversed(traceback.extract_stack()):
         name = frame.filename.replace("\\", "/")
-        if "/cuda_emulation/" in name or "/torch/" in name:
+        if "/sedd/cuda_emulation/" in name or "/torch/" in name:
             continue
         if "/sedd/" in name or "/server/" in name or "/tests/" in name or "/scripts/" in name:
             return f"{name.split('/')[-2]}/{name.split('/')[-1]}:{frame.lineno} in {frame.name}"
@@ -166,8 +166,9 @@ class Emulator:
                 if nbytes > free:
                     raise torch.OutOfMemoryError(
                         f"CUDA out of memory. Tried to allocate {nbytes / 2**20:.2f} MiB. GPU "
-                        f"{index} has a total capacity of {self.devices[index].total_memory / GiB:.2f}"
-                        f" GiB of which {free / 2**20:.2f} MiB is free (emulated)."
+                        f"{index} has a total capacity of "
+                        f"{self.devices[index].total_memory / GiB:.2f} GiB of which "
+                        f"{free / 2**20:.2f} MiB is free (emulated)."
                     )
                 entry = self._storages[key] = _Storage(nbytes, index, 0, next(self._generations))
                 self.allocated[index] += nbytes
