@@ -14,7 +14,9 @@ random stream (seed, i).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +28,9 @@ import torch
 from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import TimeGrid, default_device
-from sedd.diffusion.sampling import Predictor
+from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
+from sedd.diffusion.sampling import Predictor, Sampler, block_rows_for
+from sedd.engine import model_sampler
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import label_mix, perturbation_conditions
@@ -138,6 +142,10 @@ class Model:
     ) -> None:
         self.loaded, self.policy, self.tokens_per_forward = loaded, policy, tokens_per_forward
         self.cuda_graphs = cuda_graphs
+        # one sampler per (precision, rows a forward, CUDA graphs), kept for the model's life:
+        # it holds the captured CUDA graphs, which a sampler per call would capture again
+        self._samplers: dict[tuple[PrecisionPolicy, int, bool], Sampler] = {}
+        self._graphs_lock = threading.Lock()  # replays share static buffers: one run at a time
 
     def __repr__(self) -> str:
         conditions = f", {len(self.conditions)} conditions" if self.conditions else ""
@@ -325,12 +333,26 @@ class Model:
             imputation=imputation, condition_counts=condition_counts,
         )  # fmt: skip
 
+    def _sampler(self, request: GenerationRequest) -> Sampler:
+        """This model's sampler for ``request``'s forward block, built on first use."""
+        config, device = self.loaded.config, self.loaded.device
+        rows = block_rows_for(config.num_genes, device, request.tokens_per_forward)
+        graphs = cuda_graphs_from_env() if request.cuda_graphs is None else request.cuda_graphs
+        key = (self.policy, rows, graphs)
+        if key not in self._samplers:
+            self._samplers[key] = model_sampler(
+                self.loaded, self.policy,
+                tokens_per_forward=request.tokens_per_forward, cuda_graphs=graphs,
+            )  # fmt: skip
+        return self._samplers[key]
+
     def _run(self, request: GenerationRequest, progress: bool | None) -> anndata.AnnData:
         planned = plan(self.loaded, request)
-        if not (interactive() if progress is None else progress):
-            result = run_plan(planned, self.policy)
-        else:
-            with progress_bar(len(planned), request.steps, "sampling") as on_progress:
-                result = run_plan(planned, self.policy, on_progress=on_progress)
+        sampler = self._sampler(request)
+        graphs = self._graphs_lock if sampler.graphs.enabled else contextlib.nullcontext()
+        show = interactive() if progress is None else progress
+        bar = progress_bar(len(planned), request.steps, "sampling") if show else None
+        with graphs, bar or contextlib.nullcontext() as on_progress:
+            result = run_plan(planned, self.policy, on_progress=on_progress, sampler=sampler)
         uns = run_provenance(self.loaded, request, self.policy, result.stats)
         return cells_anndata(result.counts, result.genes, result.obs, uns, var=planned.var())

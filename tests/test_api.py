@@ -18,8 +18,12 @@ from server_client import make_settings, served
 from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_model
 
 import sedd
+from sedd.batch.run import run_plan
 from sedd.cli import main as sedd_main
+from sedd.diffusion.sampling import Sampler
+from sedd.engine import Engine
 from sedd.engine.samplers import EulerSampler
+from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio
 
@@ -211,3 +215,33 @@ def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
     assert bars[0].total == 3 and bars[0].shown == [1, 2, 3]  # whole cells, never a fraction
     monkeypatch.setattr("sys.stderr", io.StringIO())  # a script logging to a file: no bar
     assert run.interactive() is False
+
+
+def test_a_model_reuses_one_sampler_and_its_cuda_graphs_across_calls(
+    model: sedd.Model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampler holds the captured CUDA graphs (``Sampler.graphs``): one per call would
+    capture them again on every call. A model keeps one per forward block setting; reusing it
+    changes no cell."""
+    samplers: list[Sampler] = []
+    init = Engine.__init__
+
+    def spy(engine: Engine, sampler: Sampler, *args: object, **kwargs: object) -> None:
+        samplers.append(sampler)
+        init(engine, sampler, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Engine, "__init__", spy)
+    fresh = sedd.Model(model.loaded, model.policy)
+    request = {"condition": "KRAS", "steps": 3, "seed": 4, "progress": False}
+    first, second = fresh.generate(3, **request), fresh.generate(3, **request)
+    fresh.tokens_per_forward = len(GENES)  # one row a forward: another block shape
+    one_row = fresh.generate(3, **request)
+    fresh.tokens_per_forward = None
+    third = fresh.generate(3, **request)
+    assert samplers[0] is samplers[1] is samplers[3] and samplers[0].graphs is samplers[1].graphs
+    assert samplers[2] is not samplers[0] and samplers[2].block_rows == 1
+    for cells in (second, one_row, third):
+        np.testing.assert_array_equal(dense(cells.X), dense(first.X))
+    request = GenerationRequest(cells_per_condition=1, conditions=("KRAS",), steps=2)
+    with pytest.raises(ValueError, match="`sampler` runs fp32 forwards of 1 rows, this run fp32"):
+        run_plan(plan(fresh.loaded, request), fresh.policy, sampler=samplers[2])

@@ -20,8 +20,16 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sedd.diffusion.sampling import block_rows_for
-from sedd.engine import Engine, EngineJob, JobProgress, JobResult, run_jobs
+from sedd.diffusion.sampling import Sampler, block_rows_for
+from sedd.engine import (
+    Engine,
+    EngineJob,
+    JobLimits,
+    JobProgress,
+    JobResult,
+    model_sampler,
+    run_jobs,
+)
 from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
@@ -45,6 +53,7 @@ def run_plan(
     on_progress: ProgressHook | None = None,
     on_batch: Callable[[range, np.ndarray], None] | None = None,
     keep_counts: bool = True,
+    sampler: Sampler | None = None,
 ) -> GenerationResult:
     """Generate the cells of ``plan`` (or only those in ``cell_range``, for sharding).
 
@@ -52,19 +61,31 @@ def run_plan(
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
     e.g. to save it before the next one finishes. ``keep_counts=False`` keeps no batch after
     ``on_batch`` (a run of any size then holds a few batches at a time; ``counts`` is None).
+    ``sampler``: the one to step on, a ``sedd.engine.model_sampler`` of this ``precision`` and
+    the request's forward block (the Python API keeps one per model, so its CUDA graphs are
+    captured once); None builds a new one.
     """
     loaded, request = plan.loaded, plan.request
     cells = cell_range if cell_range is not None else range(len(plan))
     if cells.start < 0 or cells.stop > len(plan):
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
     num_genes, mask = loaded.config.num_genes, loaded.config.tokens.mask_index
-    monitor = Monitor(loaded.device, num_genes)
     block = block_rows_for(num_genes, loaded.device, request.tokens_per_forward)
-    engine = Engine.for_model(
-        loaded,
-        precision,
-        tokens_per_forward=request.tokens_per_forward,
-        cuda_graphs=request.cuda_graphs,
+    if sampler is None:
+        sampler = model_sampler(
+            loaded, precision,
+            tokens_per_forward=request.tokens_per_forward, cuda_graphs=request.cuda_graphs,
+        )  # fmt: skip
+    elif (sampler.precision, sampler.block_rows) != (precision, block):
+        raise ValueError(
+            f"`sampler` runs {sampler.precision.name} forwards of {sampler.block_rows} rows, this "
+            f"run {precision.name} forwards of {block}; pass model_sampler(...) of the run's "
+            "precision and tokens_per_forward."
+        )
+    monitor = Monitor(loaded.device, num_genes)
+    engine = Engine(
+        sampler,
+        JobLimits.of_model(loaded),
         max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
         observer=monitor,
     )

@@ -33,6 +33,7 @@ settled after one small readback a tick.
 """
 
 from sedd.engine.core import Engine
+from sedd.engine.forwards import model_sampler
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -63,6 +64,7 @@ __all__ = [
     "JobResult",
     "JobTimeout",
     "is_out_of_memory",
+    "model_sampler",
     "run_job",
     "run_jobs",
 ]

@@ -26,8 +26,8 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 from sedd.checkpoints import LoadedModel
-from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
-from sedd.diffusion.sampling import Sampler, block_rows_for
+from sedd.diffusion.sampling import Sampler
+from sedd.engine.forwards import model_sampler
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -77,19 +77,11 @@ class Engine:
         cuda_graphs: bool | None = None,
         **options: Any,
     ) -> Engine:
-        """An engine over ``loaded`` under ``precision``; ``options`` as the constructor's.
-
-        Every forward runs on fixed blocks of ``block_rows_for(genes, device, tokens_per_forward)``
-        rows, so a cell does not depend on what it was packed with. ``cuda_graphs`` replays each
-        block step from a captured CUDA graph on CUDA (None: ``SEDD_CUDA_GRAPHS``, off when unset;
-        ``sedd.diffusion.cuda_graphs``); it never changes a cell.
-        """
-        rows = block_rows_for(loaded.config.num_genes, loaded.device, tokens_per_forward)
-        graphs = cuda_graphs_from_env() if cuda_graphs is None else cuda_graphs
-        sampler = Sampler(
-            loaded.model, loaded.noise, loaded.graph,
-            precision=precision, device=loaded.device, block_rows=rows, cuda_graphs=graphs,
-        )  # fmt: skip
+        """An engine over ``loaded`` under ``precision`` on ``forwards.model_sampler``'s
+        sampler (fixed row blocks, CUDA graphs); ``options`` as the constructor's."""
+        sampler = model_sampler(
+            loaded, precision, tokens_per_forward=tokens_per_forward, cuda_graphs=cuda_graphs
+        )
         return cls(sampler, JobLimits.of_model(loaded), **options)
 
     def __init__(
