@@ -22,6 +22,7 @@ from sedd.cli import _parse
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
 BODIES = {"/generate": GenerateRequest, "/predict": PredictRequest, "/impute": ImputeRequest}
 
@@ -110,3 +111,30 @@ def test_the_gpu_set_up_installs_the_test_extra_gpu_check_needs() -> None:
     extras = re.fullmatch(r"\.(?:\[([\w,-]*)\])?", targets[0])
     assert extras is not None, targets[0]
     assert "test" in (extras.group(1) or "").split(","), targets[0]
+
+
+K562_GENES, K562_TOKENS = 8563, 1724 + 1  # count bins + the mask (scripts/gpu_check.sh's shape)
+PROSE = " ".join(README.split())  # wrapped lines joined, so a figure reads as one string
+
+
+def test_the_k562_memory_figures_count_its_1725_tokens_and_add_up() -> None:
+    """The per-row score tensor and the block's step temporaries, recomputed from the shape."""
+    score = r"rows × genes × ([\d,]+) tokens × (\d) bytes: (\d+) rows → ([\d.]+) GB"
+    step = r"([\d,]+) positions × ([\d,]+) tokens, an fp64 CDF of ([\d.]+) GB beside fp32 "
+    [(tokens, width, rows, gb)] = re.findall(score, PROSE)
+    assert int(tokens.replace(",", "")) == K562_TOKENS
+    assert float(gb) == round(int(rows) * K562_GENES * K562_TOKENS * int(width) / 1e9, 1)
+    [(positions, tokens, fp64, fp32)] = re.findall(step + r"temporaries of ([\d.]+) GB", PROSE)
+    assert int(tokens.replace(",", "")) == K562_TOKENS
+    count = int(positions.replace(",", "")) * K562_TOKENS
+    assert (float(fp64), float(fp32)) == (round(8 * count / 1e9, 1), round(4 * count / 1e9, 1))
+
+
+def test_a_30_percent_mfu_plan_is_called_optimistic_beside_the_realistic_range() -> None:
+    """Flash attention at head size 32 is exp-bound: 15-20% MFU is what to plan with."""
+    docs = [PROSE, *(" ".join(f.read_text().split()) for f in sorted(DOCS.glob("*.md")))]
+    uses = [(text, m.start()) for text in docs for m in re.finditer(r"30% MFU", text)]
+    for text, at in uses:
+        sentence = text[text.rfind(". ", 0, at) : text.find(". ", at)]
+        assert "optimistic" in sentence, sentence
+    assert "15–20% MFU" in PROSE
