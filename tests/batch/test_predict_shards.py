@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import anndata
@@ -27,6 +28,16 @@ GENES = [f"GENE{i}" for i in range(64)]
 PERTURBATIONS = ["GENE_A", "GENE_B"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def default_device_is_a_gpu() -> Iterator[None]:
+    """On a GPU machine the CLI's default device is CUDA, and these tests assert what a CPU run
+    reports (process RSS, "on cpu", no GPU fields): every command here names ``--device cpu``.
+    The default is CUDA here too, so a command that leaves it out fails on every machine."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sedd.commands.loading.default_device", lambda: "cuda")
+        yield
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny st3 perturbation model (64 genes, labels non-targeting + GENE_A..D), native."""
@@ -48,6 +59,8 @@ def _predict(model: Path, *args: str, cells: int = 3, batch: int = 4) -> int:
             str(cells),
             "--steps",
             "3",
+            "--device",
+            "cpu",
             "--precision",
             "fp32",
             "--seed",
@@ -361,7 +374,7 @@ def test_shard_defaults_from_slurm_array_env(
 
 def test_generate_shards_too_even_more_shards_than_cells(model: Path, tmp_path: Path) -> None:
     base = ["generate", "--model", str(model), "--cells", "2", "--conditions", "GENE_C",
-            "--steps", "2", "--precision", "fp32"]  # fmt: skip
+            "--steps", "2", "--device", "cpu", "--precision", "fp32"]  # fmt: skip
     assert main([*base, "--out", str(tmp_path / "one.h5ad")]) == 0
     out_dir = str(tmp_path / "d")
     for k in range(3):  # shard 2 is empty
@@ -383,7 +396,7 @@ def test_predict_cell_type_on_a_vector_conditioned_model(tmp_path: Path) -> None
     out = tmp_path / "ct.h5ad"
     argv = ["predict", "--model", str(ST3 / "tiny_pert_ct_esm"), "--perturbations", "GENE_B",
             "--cell-type", "rpe1", "--cells-per-perturbation", "1", "--steps", "2",
-            "--precision", "fp32", "--out", str(out)]  # fmt: skip
+            "--device", "cpu", "--precision", "fp32", "--out", str(out)]  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(argv) == 0
