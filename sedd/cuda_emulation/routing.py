@@ -29,6 +29,17 @@ from sedd.cuda_emulation.runtime import Emulator
 from sedd.cuda_emulation.tensor import EmulatedCudaTensor
 
 _UPLOADING = (torch.tensor, torch.as_tensor, torch.asarray)
+_INDEXING = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+
+def _host_lists(index: Any) -> Any:
+    """Python lists in an index as CPU tensors: torch builds them on the indexed tensor's device
+    below any mode, which a CPU build cannot; a CPU index then uploads, as on a GPU."""
+    if isinstance(index, list) and all(isinstance(i, int | bool) for i in index):
+        return torch.tensor(index)
+    if isinstance(index, tuple):
+        return tuple(_host_lists(i) for i in index)
+    return index
 
 
 def _is_cuda(device: Any) -> bool:
@@ -57,6 +68,8 @@ class DeviceRouting(TorchFunctionMode):
             device = torch.device("cuda") if device is None else torch.device("cuda", device) \
                 if isinstance(device, int) else torch.device(device)  # fmt: skip
             return self._to(args[0], device, None, kwargs.get("non_blocking", False), None, {})
+        if func in _INDEXING and isinstance(args[0], EmulatedCudaTensor):
+            args = (args[0], _host_lists(args[1]), *args[2:])
         if func is torch.Tensor.numpy and isinstance(args[0], EmulatedCudaTensor):
             raise TypeError(
                 f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() "

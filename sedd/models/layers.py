@@ -70,9 +70,11 @@ class RotaryEmbedding(nn.Module):
     """Rotate-half RoPE: q' = q cos(p w) + rotate_half(q) sin(p w), w_j = base^(-2j / d).
 
     ``inv_freq`` (d/2,) is a persistent buffer, as both st3 and reference SEDD store it.
-    rotate_half([a, b]) = [-b, a] on the two halves of the head dimension. The cos/sin table is
-    built once per (length, device, dtype) and kept (not in the state dict); loading new
-    ``inv_freq`` values rebuilds it. The sin table is kept with its first half negated, so that
+    rotate_half([a, b]) = [-b, a] on the two halves of the head dimension. The cos/sin tables are
+    built once per (length, device, dtype) and kept, one per key (not in the state dict): a CUDA
+    graph captured with one of them reads it on every replay, so building another (the bf16
+    graph, then an fp32 recomputation) must not free the first. Loading new ``inv_freq`` values
+    drops them all. The sin table is kept with its first half negated, so that
     rotate_half(t) sin = [b, a] sin_signed: the rotation is one swap and one multiply-add.
     """
 
@@ -82,30 +84,27 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}.")
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq)
-        self._table: tuple[tuple, torch.Tensor, torch.Tensor] | None = None
+        self._freq_key: tuple | None = None  # the inv_freq the tables were built from
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def table(
         self, seq_len: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin_signed) of shape (L, d) for positions 0..L-1, cached; sin_signed is
-        [-sin, sin] on the two halves."""
+        """(cos, sin_signed) of shape (L, d) for positions 0..L-1, cached per (L, device, dtype);
+        sin_signed is [-sin, sin] on the two halves."""
         freq = self.inv_freq
-        key = (
-            seq_len,
-            device,
-            dtype,
-            freq.data_ptr(),
-            freq._version,
-            torch.is_inference_mode_enabled(),
-        )
-        if self._table is None or self._table[0] != key:
+        freq_key = (freq.data_ptr(), freq._version, freq.device)
+        if freq_key != self._freq_key:  # new inv_freq values (a load): every table is stale
+            self._tables, self._freq_key = {}, freq_key
+        key = (seq_len, torch.device(device), dtype, torch.is_inference_mode_enabled())
+        if key not in self._tables:
             pos = torch.arange(seq_len, device=device, dtype=freq.dtype)
             freqs = torch.outer(pos, freq)  # (L, d/2)
             cos, sin = freqs.cos(), freqs.sin()
             cos = torch.cat([cos, cos], dim=-1)  # (L, d)
             sin_signed = torch.cat([-sin, sin], dim=-1)  # (L, d)
-            self._table = (key, cos.to(dtype), sin_signed.to(dtype))
-        return self._table[1], self._table[2]
+            self._tables[key] = (cos.to(dtype), sin_signed.to(dtype))
+        return self._tables[key]
 
     def rotate(self, t: torch.Tensor, seq_dim: int = -2) -> torch.Tensor:
         """Rotate t (..., L, ..., d) by its position along ``seq_dim``; d is the last dim.

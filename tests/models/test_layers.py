@@ -36,9 +36,9 @@ def test_the_cached_table_gives_the_formula_and_follows_length_and_loaded_weight
         _close(rq, _fresh(rotary, q))
         _close(rk, _fresh(rotary, k))
         assert not torch.equal(rq, q)  # position 1.. really rotated
-        first = rotary._table
+        first = rotary.table(5, q.device, q.dtype)
         rotary(q, k)
-        assert rotary._table is first  # reused, not rebuilt
+        assert rotary.table(5, q.device, q.dtype)[0] is first[0]  # reused, not rebuilt
         longer = torch.randn(1, 3, 9, 8)
         _close(rotary(longer, longer)[0], _fresh(rotary, longer))
     rotary.load_state_dict({"inv_freq": rotary.inv_freq * 2})  # new weights: a new table
@@ -49,6 +49,19 @@ def test_the_cached_table_gives_the_formula_and_follows_length_and_loaded_weight
     q.requires_grad_(True)
     rotary(q, k)[0].sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_a_table_of_another_dtype_keeps_the_first_alive():
+    # A CUDA graph captured under bf16 autocast reads the bf16 table on every replay; an fp32
+    # recomputation (precision rule 5) builds the fp32 table. Replacing the one cached table
+    # freed the bf16 one while the graph still read it (silent wrong cells on a GPU).
+    rotary = RotaryEmbedding(8)
+    with torch.inference_mode():
+        bf16 = rotary.table(6, torch.device("cpu"), torch.bfloat16)
+        fp32 = rotary.table(6, torch.device("cpu"), torch.float32)
+        assert rotary.table(6, torch.device("cpu"), torch.bfloat16)[0] is bf16[0]
+        assert rotary.table(6, torch.device("cpu"), torch.float32)[1] is fp32[1]
+    assert bf16[0].dtype == torch.bfloat16 and fp32[0].dtype == torch.float32
 
 
 def test_rope_attention_rotates_q_and_k_in_place_of_the_per_head_layout():
