@@ -35,13 +35,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from sedd.cuda_emulation import runtime
 from sedd.cuda_emulation.cuda_api import patched
 from sedd.cuda_emulation.graphs import FreedGraphInputError
 from sedd.cuda_emulation.guard import register_fake_cuda_guard
 from sedd.cuda_emulation.routing import route_cuda_calls
 from sedd.cuda_emulation.runtime import DeviceSpec, EmulatedCudaError, Emulator, Sync
-from sedd.cuda_emulation.tensor import EmulatedCudaTensor
+from sedd.cuda_emulation.tensor import EmulatedCudaTensor, active, set_active
 
 __all__ = [
     "DeviceSpec",
@@ -64,7 +63,7 @@ def emulate_cuda(
     """
     if backing not in ("cpu", "meta"):
         raise ValueError(f"`backing` must be 'cpu' or 'meta', got {backing!r}.")
-    if runtime.ACTIVE is not None:
+    if _active_or_none() is not None:
         raise RuntimeError("CUDA is already emulated here; nest nothing inside emulate_cuda().")
     if torch.backends.cuda.is_built():
         raise RuntimeError("this torch is a CUDA build: use the real GPU, not the emulator.")
@@ -72,11 +71,18 @@ def emulate_cuda(
     emulator = Emulator(backing, list(devices or [DeviceSpec()]))
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)  # Module.to("cuda")
-    runtime.ACTIVE = emulator
+    set_active(emulator)
     try:
         with patched(emulator) as streams, route_cuda_calls(emulator):
             emulator.streams = streams
             yield emulator
     finally:
-        runtime.ACTIVE = None
+        set_active(None)
         torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+
+
+def _active_or_none() -> Emulator | None:
+    try:
+        return active()
+    except RuntimeError:
+        return None

@@ -368,14 +368,3 @@ class Emulator:
             return out  # return_and_correct_aliasing returns the destination itself
         return wrap_all(out, index, self.wrap)
 
-
-ACTIVE: Emulator | None = None  # the one emulation under way (sedd.cuda_emulation.emulate_cuda)
-
-
-def active() -> Emulator:
-    """The emulation under way; an emulated tensor used after it ended raises."""
-    if ACTIVE is None:
-        raise RuntimeError(
-            "an emulated CUDA tensor was used outside sedd.cuda_emulation.emulate_cuda()."
-        )
-    return ACTIVE

@@ -57,14 +57,29 @@ class EmulatedCudaTensor(torch.Tensor):
     def __torch_dispatch__(
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        from sedd.cuda_emulation.runtime import active
-
         kwargs = kwargs or {}
         emulator = active()
         out = emulator.run_op(func, args, kwargs)
         if func is aten._local_scalar_dense.default:
             return out
         return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+_ACTIVE: list[Any] = []  # the one emulation under way (sedd.cuda_emulation.emulate_cuda)
+
+
+def set_active(emulator: Any) -> None:
+    """Make ``emulator`` (a ``runtime.Emulator``, or None) the one ops go to."""
+    _ACTIVE[:] = [] if emulator is None else [emulator]
+
+
+def active() -> Any:
+    """The emulation under way; an emulated tensor used after it ended raises."""
+    if not _ACTIVE:
+        raise RuntimeError(
+            "an emulated CUDA tensor was used outside sedd.cuda_emulation.emulate_cuda()."
+        )
+    return _ACTIVE[0]
 
 
 def unwrap(value: Any) -> Any:
