@@ -26,8 +26,15 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest.exit(problem, returncode=4)
     if EMULATED:  # before collection: test modules build CUDA models at import
         from sedd.cuda_emulation import emulate_cuda
+        from sedd.diffusion import sampling
 
         config.stash[EMULATOR] = _EMULATION.enter_context(emulate_cuda())
+        # The emulated GPU computes on this CPU: the CPU's row block (a GPU's 131,072 tokens
+        # would pad a 765-gene cell to 171 rows). Cells then equal the CPU lane's bit for bit.
+        cpu_block = sampling.DEFAULT_TOKENS_PER_FORWARD["cpu"]
+        _EMULATION.enter_context(
+            pytest.MonkeyPatch.context()
+        ).setitem(sampling.DEFAULT_TOKENS_PER_FORWARD, "cuda", cpu_block)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -147,7 +147,7 @@ def load_checkpoint(
 
     model = build_checked_model(parts)
     model = model.to(device=device, dtype=torch.float32).eval()
-    vecs = parts.vectors
+    vecs = parts.vectors  # kept on the CPU: labels are planned on the host (LoadedModel)
     return LoadedModel(
         model=model,
         config=parts.config,
@@ -155,7 +155,7 @@ def load_checkpoint(
         graph=graph_from_config(parts.config.graph.model_dump()),
         path=path,
         file_hash=parts.file_hash,
-        perturbation_vectors=None if vecs is None else {k: v.to(device) for k, v in vecs.items()},
+        perturbation_vectors=None if vecs is None else {k: v.float() for k, v in vecs.items()},
         layout=layout,
         weights_file=parts.weights_file,
     )

@@ -61,7 +61,9 @@ class LoadedModel:
     graph: Graph
     path: Path  # the source as given (directory or file)
     file_hash: str  # sha256 of the weights file
-    perturbation_vectors: dict[str, torch.Tensor] | None = None  # name -> (E,) on the device
+    # name -> (E,) on the CPU: labels are planned on the host and cross to the device once, at
+    # job start (a planning call on a server's event loop must never wait for the GPU)
+    perturbation_vectors: dict[str, torch.Tensor] | None = None
     layout: Layout = "native"
     weights_file: Path | None = None
 
@@ -110,8 +112,8 @@ class LoadedModel:
         raise UnknownLabelError(name, "cell type", names)
 
     def perturbation_labels(self, names: Sequence[str]) -> torch.Tensor:
-        """Model input for perturbation ``names``: vectors (B, E) when the model has a vector
-        file, else indices (B,)."""
+        """Model input for perturbation ``names``, on the CPU: vectors (B, E) when the model has
+        a vector file, else indices (B,). The engine moves a job's labels to the device once."""
         if self.perturbation_vectors is not None:
             missing = [n for n in names if n not in self.perturbation_vectors]
             if missing:
@@ -119,11 +121,12 @@ class LoadedModel:
                 raise UnknownLabelError(missing[0], self.label_word, known)
             return torch.stack([self.perturbation_vectors[n] for n in names])  # (B, E)
         indices = [self.label_index(n) for n in names]
-        return torch.tensor(indices, dtype=torch.long, device=self.device)  # (B,)
+        return torch.tensor(indices, dtype=torch.long)  # (B,)
 
     def cell_type_labels(self, names: Sequence[str]) -> torch.Tensor:
+        """Cell-type indices (B,) of ``names``, on the CPU (as ``perturbation_labels``)."""
         indices = [self.cell_type_index(n) for n in names]
-        return torch.tensor(indices, dtype=torch.long, device=self.device)  # (B,)
+        return torch.tensor(indices, dtype=torch.long)  # (B,)
 
 
 @dataclass

@@ -195,7 +195,7 @@ def probe_batch(
     if known is not None:
         if names is None:
             names = [known[i] for i in torch.randint(len(known), (n,), generator=gen).tolist()]
-        labels = loaded.perturbation_labels(names)
+        labels = loaded.perturbation_labels(names).to(loaded.device)
     elif cfg.num_perturbations > 0:  # labels without names: indices
         labels = torch.randint(cfg.num_perturbations, (n,), generator=gen).to(loaded.device)
     if cfg.num_cell_types > 0:

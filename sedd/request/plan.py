@@ -268,18 +268,14 @@ def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
 
 
 def plan_labels(
-    loaded: LoadedModel, plan: pd.DataFrame, device: torch.device | str | None = None
+    loaded: LoadedModel, plan: pd.DataFrame
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(perturbation labels, cell-type labels) of a ``cell_plan`` slice, each (N,) or None, on
-    ``device`` (default: the model's). The engine takes them on the CPU (``job_for``)."""
+    the CPU: planning never touches the device (the server plans on its event loop), and the
+    engine moves a job's labels once, when its rows join."""
     labels = loaded.perturbation_labels(list(plan["condition"])) if "condition" in plan else None
     cell_types = loaded.cell_type_labels(list(plan["cell_type"])) if "cell_type" in plan else None
-    if device is None:
-        return labels, cell_types
-    return (
-        None if labels is None else labels.to(device),
-        None if cell_types is None else cell_types.to(device),
-    )
+    return labels, cell_types
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,9 +299,7 @@ class Plan:
         cells = range(len(self)) if cells is None else cells
         if cells.start < 0 or cells.stop > len(self) or len(cells) == 0:
             raise ValueError(f"cells {cells} must be a non-empty part of the {len(self)} planned.")
-        labels, cell_types = plan_labels(
-            self.loaded, self.cells.iloc[cells.start : cells.stop], "cpu"
-        )
+        labels, cell_types = plan_labels(self.loaded, self.cells.iloc[cells.start : cells.stop])
         request, imputed = self.request, self.request.imputation
         return EngineJob(
             num_cells=len(cells),
