@@ -90,10 +90,15 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-def _device_supports_bf16(device: torch.device) -> bool:
+def _device_supports_bf16(device: torch.device, *, native: bool = False) -> bool:
+    """Whether ``device`` (that device, not the current one) runs bf16; ``native``: with its
+    own bf16 units (CUDA compute capability 8.0 and up: A100, H100), not emulated."""
     match device.type:
         case "cuda":
-            return torch.cuda.is_bf16_supported()
+            if native:
+                return torch.cuda.get_device_capability(device) >= (8, 0)
+            with torch.cuda.device(device):
+                return torch.cuda.is_bf16_supported()
         case "cpu":
             return True  # precision: correct everywhere; fast only with native bf16 (see above)
         case "mps":
@@ -301,7 +306,8 @@ def resolve_precision(
 ) -> PrecisionPolicy:
     """Apply the device rules (docs/precision.md rule 6) and return a policy.
 
-    - CUDA: bf16 needs ``torch.cuda.is_bf16_supported()``; fp16 is allowed.
+    - CUDA: bf16 needs ``torch.cuda.is_bf16_supported()`` on the requested device; ``auto``
+      picks it where the device has native bf16 (compute capability >= 8.0); fp16 is allowed.
     - CPU: bf16 is allowed (with a warning where the CPU lacks native bf16, since it is then
       slower than fp32); fp16 is refused.
     - MPS: fp16 default, bf16 only if supported.
@@ -312,7 +318,7 @@ def resolve_precision(
     if requested == "auto":
         if device.type == "mps":
             requested = "fp16"
-        elif (device.type == "cuda" and _device_supports_bf16(device)) or (
+        elif (device.type == "cuda" and _device_supports_bf16(device, native=True)) or (
             device.type == "cpu" and cpu_has_native_bf16()
         ):
             requested = "bf16"

@@ -90,7 +90,8 @@ class GraphedSteps:
         for static, value in zip(captured.inputs, values, strict=True):
             if static is not None and value is not None:
                 static.copy_(value)
-        captured.graph.replay()
+        with torch.cuda.device(self.device):  # replay on this device's stream, not device 0's
+            captured.graph.replay()
         self.replays += 1
         tokens, nonfinite, active = captured.outputs
         return tokens.clone(), nonfinite.clone(), active.clone()
@@ -99,16 +100,19 @@ class GraphedSteps:
         inputs = [None if v is None else v.clone() for v in rows.tensors()]
         static = StepRows.from_tensors(inputs)
         # Warm up on a side stream first (lazy initialisation, cuBLAS workspaces), as
-        # torch.cuda.graphs recommends, then capture on it.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.step(static, plan, amp)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.step(static, plan, amp)
+        # torch.cuda.graphs recommends, then capture on it. Everything happens with our device
+        # current and on a stream of it: torch.cuda.graph's own default capture stream belongs
+        # to whichever device was current when it was first made (cuda:0 for --device cuda:1).
+        with torch.cuda.device(self.device):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.step(static, plan, amp)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=side):
+                outputs = self.step(static, plan, amp)
         self._pool = graph.pool()
         self.captures += 1
         return _Captured(graph, inputs, outputs)
