@@ -125,8 +125,13 @@ def _fault(exc: BaseException) -> tuple[int, str] | None:
                 f"{exc} No cells were written; the checkpoint's weights overflow for this "
                 "input (try another checkpoint, or --precision fp32 if it ran in bf16/fp16)."
             )
+        case torch.OutOfMemoryError() if "--tokens-per-forward" in str(exc):
+            return EXIT_MEMORY, str(exc)
         case torch.OutOfMemoryError() | MemoryError():
-            return EXIT_MEMORY, f"out of memory ({exc}); use a smaller --batch-size"
+            return EXIT_MEMORY, (
+                f"out of memory ({exc}); lower --tokens-per-forward (rows per forward) or "
+                "--batch-size (cells per job)"
+            )
         case OSError() if exc.errno is None:  # ours (a missing model, ...): says what to do
             return EXIT_INPUT, str(exc)
         case OSError() if exc.errno == errno.ENOSPC:

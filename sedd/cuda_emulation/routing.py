@@ -108,6 +108,8 @@ class DeviceRouting(TorchFunctionMode):
                 return tensor.to(**plain, non_blocking=non_blocking)
             moved = tensor.backing.to(dtype=plain["dtype"], copy=True)  # device to device
             return self._made(lambda: moved, index)
+        if tensor.device.type == "meta" and emulator.backing == "meta":  # shapes only
+            return self._made(lambda: tensor.detach().to(dtype=plain["dtype"], copy=True), index)
         if tensor.device.type != "cpu":
             raise RuntimeError(f"the emulator moves CPU tensors to CUDA, got {tensor.device}")
         if not (non_blocking and emulator.is_pinned(tensor)):

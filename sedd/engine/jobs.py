@@ -151,6 +151,10 @@ class JobLimits:
         )
 
 
+class BlockOutOfMemoryError(torch.OutOfMemoryError):
+    """Out of device memory in a block step, with the setting that lowers it."""
+
+
 def is_out_of_memory(err: BaseException) -> bool:
     """True for an accelerator out-of-memory error (a function, so tests can widen it)."""
     return isinstance(err, torch.OutOfMemoryError)

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from sedd.diffusion.sampling import Proposal, Sampler
-from sedd.engine.jobs import JobResult, is_out_of_memory
+from sedd.engine.forwards import step_bytes
+from sedd.engine.jobs import BlockOutOfMemoryError, JobResult, is_out_of_memory
 from sedd.engine.rows import (
     JobState,
     Packed,
@@ -92,7 +93,7 @@ class Stepper:
         jobs = list({id(blk.state): blk.state for blk, _, _ in slices}.values())
         if len(jobs) == 1:
             log.warning("job %d failed: %r", jobs[0].handle.job_id, err)
-            self._finish(jobs[0], None, err)
+            self._finish(jobs[0], None, self._explained(err, slices[0][0].state.x.shape[-1]))
             return []
         if is_out_of_memory(err):
             if torch.cuda.is_available():
@@ -100,6 +101,22 @@ class Stepper:
             return [packed for half in halves(slices) for packed in self._attempt(half)]
         alone = ([sl for sl in slices if sl[0].state is st] for st in jobs)
         return [packed for part in alone for packed in self._attempt(part)]
+
+    def _explained(self, err: Exception, genes: int) -> Exception:
+        """An out-of-memory error that says which setting lowers a forward's memory: every
+        forward runs on whole blocks, so fewer cells do not help, a smaller block does."""
+        if not is_out_of_memory(err) or isinstance(err, BlockOutOfMemoryError):
+            return err
+        rows = self.sampler.block_rows
+        if rows is None:
+            return err
+        return BlockOutOfMemoryError(
+            f"out of device memory in a block step of {rows} rows x {genes} genes x "
+            f"{self.sampler.graph.dim} tokens (about "
+            f"{step_bytes(rows, genes, self.sampler.graph.dim) / 2**30:.1f} GiB): lower "
+            f"--tokens-per-forward (SEDD_TOKENS_PER_FORWARD, now {rows * genes}), e.g. to "
+            f"{max(genes, rows * genes // 2)} ({err})"
+        )
 
     def _settle(self, packed: Packed, summary: np.ndarray) -> None:
         """Write a proposed step back into its jobs; a failure (fp32 too not finite, out of
