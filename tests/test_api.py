@@ -97,9 +97,12 @@ def test_model_exposes_its_vocabulary_card_and_precision(model: sedd.Model) -> N
     assert model.conditions == PERTURBATIONS and model.control == "ctrl"
     assert model.cell_types == CELL_TYPES
     assert model.card["num_genes"] == len(GENES) and len(model.card["sha256"]) == 64
-    assert model.precision["amp_dtype"] == "fp32" and model.precision["device"] == str(DEVICE)
+    # a GPU reports its index ("cuda:0" for "cuda")
+    device = model.loaded.device
+    assert device.type == DEVICE.type and model.precision["device"] == str(device)
+    assert model.precision["amp_dtype"] == "fp32"
     assert "fp32_fallbacks" not in model.precision
-    assert repr(model) == f"sedd.Model(tiny: 12 genes, 5 conditions, fp32 on {DEVICE})"
+    assert repr(model) == f"sedd.Model(tiny: 12 genes, 5 conditions, fp32 on {device})"
 
 
 def test_generate_without_a_condition_covers_every_condition_in_order(model: sedd.Model) -> None:
@@ -139,7 +142,7 @@ def test_impute_keeps_given_counts_drops_unknown_genes_and_samples_the_rest(
     solo = sampler.sample(
         steps=5, seed=3, x_init=x_init, fixed=x_init != NUM_BINS, labels=torch.tensor([0, 0])
     )
-    np.testing.assert_array_equal(x, solo.numpy())
+    np.testing.assert_array_equal(x, solo.cpu().numpy())
 
 
 async def test_impute_cli_and_server_match_the_api(

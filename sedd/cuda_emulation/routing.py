@@ -75,6 +75,8 @@ class DeviceRouting(TorchFunctionMode):
                 f"can't convert {args[0].device} device type tensor to numpy. Use Tensor.cpu() "
                 "to copy the tensor to host memory first."
             )
+        if func is torch.Tensor.tolist and isinstance(args[0], EmulatedCudaTensor):
+            return args[0].cpu().tolist()  # a device-to-host copy, as on a GPU
         if func is torch.Tensor.pin_memory:
             return self.emulator.pin(args[0].clone())
         if func is torch.Tensor.is_pinned:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from devices import EMULATED
 
 from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
@@ -75,6 +76,8 @@ def trained(tmp_path_factory):
             "log_every": 100,
             "out": str(root / "model"),
             "run_dir": str(root / "state"),
+            # the emulated CUDA lane emulates sampling, not training (no CUDA generators)
+            **({"device": "cpu"} if EMULATED else {}),
         }
     )
     threads = torch.get_num_threads()

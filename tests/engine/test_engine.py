@@ -72,10 +72,10 @@ def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():
         hook.remove()
     # a standalone step that finds nothing masked (one read-back, no pre-check sync) runs its
     # forward, counts it, and leaves every token and row as it was
-    x = torch.zeros(3, GENES, dtype=torch.long)
+    x = torch.zeros(3, GENES, dtype=torch.long, device=DEVICE)
     rows = StepRows.of_request(
-        x, 0.5, 0.0, labels=torch.ones(3, dtype=torch.long),
-        cell_types=torch.zeros(3, dtype=torch.long),
+        x, 0.5, 0.0, labels=torch.ones(3, dtype=torch.long, device=DEVICE),
+        cell_types=torch.zeros(3, dtype=torch.long, device=DEVICE),
     )  # fmt: skip
     out = EulerSampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32).step(rows)
     assert out.model_calls == 1 and torch.equal(out.tokens, x)
