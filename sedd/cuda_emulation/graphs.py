@@ -201,13 +201,20 @@ class CUDAGraph:
                 if ident not in self.pool_storages:
                     shape = "x".join(map(str, leaf.shape)) or "scalar"
                     reads.append((ident, f"a {shape} {leaf.dtype} tensor"))
-        flags = [ret.alias_info is None for ret in func._schema.returns]
+        # Fresh outputs are those that share no memory with an input. The schema is not enough:
+        # ``aten.to.dtype`` is declared as an alias of its input, yet a cast makes a new tensor.
+        inputs = {
+            leaf.backing.untyped_storage()._cdata
+            for leaf in tree_flatten((args, kwargs))[0]
+            if isinstance(leaf, EmulatedCudaTensor)
+        }
         outs = out if isinstance(out, tuple | list) else (out,)
-        fresh = [
-            value.backing
-            for value, new in zip(outs, flags, strict=False)
-            if isinstance(value, EmulatedCudaTensor) and new
+        flags = [
+            isinstance(value, EmulatedCudaTensor)
+            and value.backing.untyped_storage()._cdata not in inputs
+            for value in outs
         ]
+        fresh = [value.backing for value, new in zip(outs, flags, strict=True) if new]
         self.ops.append(_Op(func, unwrap_all(args), unwrap_all(kwargs), fresh, reads, flags))
 
     def record_call(self, make: Any, result: Any) -> None:

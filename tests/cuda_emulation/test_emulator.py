@@ -137,6 +137,18 @@ def test_a_replay_equals_the_capture_on_new_inputs(emu: Emulator):
     assert torch.equal(out.cpu(), torch.full((4,), 5.0))
 
 
+def test_a_replayed_cast_is_computed_again(emu: Emulator):
+    # aten.to.dtype is declared an alias of its input; a cast still makes a new tensor, which
+    # the replay must write again (autocast's casts of the weights are such casts)
+    x = torch.full((4,), 1.5, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()), torch.cuda.graph(graph):
+        out = x.to(torch.bfloat16) * 2
+    x.fill_(3.0)
+    graph.replay()
+    assert torch.equal(out.cpu(), torch.full((4,), 6.0, dtype=torch.bfloat16))
+
+
 def test_a_replay_reading_a_freed_tensor_is_reported(emu: Emulator):
     x, table = torch.ones(4, device="cuda"), torch.full((4,), 3.0, device="cuda")
     graph, _ = _captured(x, table)
