@@ -12,6 +12,11 @@ rows in flight, all in one row block:
   profiler sees, plus the engine's own readbacks (``Engine.readbacks``: its one small tensor a
   tick, which is a sync on CUDA even where the CPU profiler cannot see one).
 
+On CUDA launches are asynchronous and a replayed CUDA graph runs no module hooks, so there each
+tick is timed on the device with CUDA events (``forward_ms``: the device's time a tick) and
+``host_ms`` is the tick's host wall time beyond it; syncs are what CUDA's own sync debug mode
+reports (``torch.cuda.set_sync_debug_mode("warn")``), pageable copies included.
+
 ``tests/engine/test_step_overhead.py`` pins the deterministic parts (ops and syncs); ``sedd bench
 --overhead`` prints the table.
 """
@@ -19,6 +24,7 @@ rows in flight, all in one row block:
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -56,8 +62,32 @@ def small_model(
     return model, LogLinearNoise(), AbsorbingGraph(bins)
 
 
+def cuda_syncs(engine: Engine, ticks: int = 1) -> float:
+    """Host syncs per tick of ``engine`` on CUDA, as CUDA's sync debug mode reports them."""
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(ticks):
+                engine.tick()
+            torch.cuda.synchronize(engine.sampler.device)
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    found = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
+    return (len(found) - 1) / ticks  # the closing synchronize is ours
+
+
 def profile_ticks(engine: Engine, ticks: int = 1) -> tuple[float, float]:
-    """(aten ops, host syncs) per tick over ``ticks`` ticks of ``engine``, under the profiler."""
+    """(aten ops, host syncs) per tick over ``ticks`` ticks of ``engine``, under the profiler
+    (on CUDA the syncs are ``cuda_syncs``')."""
+    if engine.sampler.device.type == "cuda":
+        ops, _ = _profiled(engine, ticks)
+        return ops, cuda_syncs(engine, ticks)
+    return _profiled(engine, ticks)
+
+
+def _profiled(engine: Engine, ticks: int) -> tuple[float, float]:
     before = getattr(engine, "readbacks", 0)
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities) as prof:
@@ -123,18 +153,41 @@ def measure(
         engine.submit(EngineJob(rows, steps=ticks + 6, seed=0, labels=cell_labels))
         for _ in range(2):  # admission, then a first step
             engine.tick()
-        clock = _ForwardClock(model)
-        try:
-            start = time.perf_counter()
-            for _ in range(ticks):
-                engine.tick()
-            if sampler.device.type == "cuda":
-                torch.cuda.synchronize(sampler.device)
-            wall = time.perf_counter() - start
-        finally:
-            clock.close()
+        if sampler.device.type == "cuda":
+            wall, device = _device_timed(engine, ticks)
+        else:
+            wall, device = _hook_timed(engine, model, ticks)
         ops, syncs = profile_ticks(engine, 2)
-        host_ms = 1000 * (wall - clock.seconds) / ticks
-        figures.append(TickOverhead(rows, host_ms, 1000 * clock.seconds / ticks, ops, syncs))
+        host_ms = 1000 * max(wall - device, 0.0) / ticks
+        figures.append(TickOverhead(rows, host_ms, 1000 * device / ticks, ops, syncs))
         engine.stop(drain=False)
     return figures
+
+
+def _hook_timed(engine: Engine, model: nn.Module, ticks: int) -> tuple[float, float]:
+    """(wall, inside the forward) seconds of ``ticks`` ticks on the CPU, by forward hooks."""
+    clock = _ForwardClock(model)
+    try:
+        start = time.perf_counter()
+        for _ in range(ticks):
+            engine.tick()
+        return time.perf_counter() - start, clock.seconds
+    finally:
+        clock.close()
+
+
+def _device_timed(engine: Engine, ticks: int) -> tuple[float, float]:
+    """(host wall, device) seconds of ``ticks`` ticks on CUDA: CUDA events around each tick
+    time the device (launches are asynchronous; graph replays run no hooks)."""
+    device = engine.sampler.device
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * ticks)]
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for i in range(ticks):
+        events[2 * i].record()
+        engine.tick()
+        events[2 * i + 1].record()
+    torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    busy = sum(events[2 * i].elapsed_time(events[2 * i + 1]) for i in range(ticks)) / 1000
+    return wall, busy

@@ -118,3 +118,15 @@ def test_sedd_generate_on_cuda_writes_the_cpus_cells(tmp_path: Path, flag: str):
         return anndata.read_h5ad(out).X.toarray()
 
     np.testing.assert_array_equal(run("cuda", flag), run("cpu"))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_bench_overhead_on_cuda_times_the_device_and_counts_every_sync(graphs: bool):
+    from sedd.bench.overhead import measure, small_model
+
+    model, noise, graph = small_model(device="cuda")
+    policy = resolve_precision("fp32", "cuda")
+    figures = measure(model, noise, graph, policy, 64, [1, 8], ticks=2, cuda_graphs=graphs)
+    for f in figures:
+        assert f.syncs == 1  # the readback; the per-row arrays cross asynchronously
+        assert f.forward_ms > 0  # graph replays run no forward hooks: timed with CUDA events
