@@ -18,7 +18,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
-from devices import DEVICE
+from devices import DEVICE, ON_CUDA
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
@@ -431,9 +431,8 @@ async def test_metrics_count_requests_by_route_and_outcome(model_dir: Path) -> N
     rss = samples['sedd_memory_bytes{kind="process_rss"}']
     peak = samples['sedd_memory_bytes{kind="process_rss_peak"}']
     assert 50 * 2**20 < rss <= peak + 16 * 2**20  # torch alone is > 50 MiB
-    assert not any(
-        name.startswith(("sedd_gpu_", 'sedd_memory_bytes{kind="cuda')) for name in samples
-    )
+    cuda = any(name.startswith('sedd_memory_bytes{kind="cuda') for name in samples)
+    assert cuda == ON_CUDA  # CUDA memory gauges exactly where the model is on a GPU
 
 
 def _samples(text: str) -> dict[str, float]:

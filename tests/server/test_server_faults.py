@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from devices import DEVICE
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
@@ -99,9 +100,11 @@ async def test_a_small_request_runs_beside_a_big_one_with_the_cells_of_a_solo_ru
     """Rows are shared fairly between requests: a 1-cell request sent while a big one holds
     every row of each step finishes long before it, and both get their solo cells."""
     settings = make_settings(model_dir, max_rows_per_forward=4, max_steps=400)
-    big_body = {"num_cells": 4, "steps": 300, "condition": "KRAS", "seed": 1}
+    # 120 steps of >= 25 ms: long beside the small one, well inside the 30 s deadline even on
+    # the emulated CUDA lane, whose steps are slower
+    big_body = {"num_cells": 4, "steps": 120, "condition": "KRAS", "seed": 1}
     small_body = {"num_cells": 1, "steps": 5, "condition": "TP53", "seed": 2}
-    async with served(settings, slow_s=0.01) as (client, _):
+    async with served(settings, slow_s=0.025) as (client, _):
         big = asyncio.ensure_future(client.post("/generate", json=big_body))
         await asyncio.sleep(0.3)
         start = time.monotonic()
@@ -111,7 +114,8 @@ async def test_a_small_request_runs_beside_a_big_one_with_the_cells_of_a_solo_ru
         big_response = await big
     assert small.status_code == big_response.status_code == 200
     assert small_s < 2.0, small_s
-    loaded, precision = load_checkpoint(model_dir), resolve_precision("fp32", "cpu")
+    loaded = load_checkpoint(model_dir, device=DEVICE)
+    precision = resolve_precision("fp32", DEVICE)
     for body, response in ((big_body, big_response), (small_body, small)):
         request = GenerationRequest(
             cells_per_condition=body["num_cells"], conditions=(body["condition"],),
@@ -169,8 +173,10 @@ async def test_cost_admission_plans_with_the_warm_forward_not_the_cold_first_one
 
 
 async def test_deadline_is_504(model_dir: Path) -> None:
-    async with served(make_settings(model_dir), slow_s=0.1) as (client, app):
-        body = {"num_cells": 1, "steps": 20, "timeout_s": 1}
+    # admitted at the warm-up's speed (13 forwards fit in 1 s, also on the emulated lane), then
+    # slowed to 0.15 s a forward: about 2 s, past the deadline
+    async with served(make_settings(model_dir), slow_s=0.15) as (client, app):
+        body = {"num_cells": 1, "steps": 12, "timeout_s": 1}
         response = await client.post("/generate", json=body)
         metrics = (await client.get("/metrics")).text
         assert app.state.service.engine.active_jobs == 0
