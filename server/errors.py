@@ -172,7 +172,8 @@ def http_error(exc: BaseException) -> HTTPFailure:
             log.warning("out of accelerator memory: %s", exc)
             return HTTPFailure(
                 503,
-                "out of accelerator memory for this request; retry with fewer cells",
+                "out of accelerator memory in this request's forward; retry later (the "
+                "server's row block sets a forward's memory: SEDD_TOKENS_PER_FORWARD)",
                 _retry_after(RETRY_DRAINING_S),
             )
         case JobTimeout() | DeadlineExceeded():
