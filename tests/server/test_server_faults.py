@@ -167,16 +167,18 @@ async def test_cost_admission_plans_with_the_warm_forward_not_the_cold_first_one
             # 21 forwards: about 8 s at the cold forward's time, well within 5 s when warm
             body = {"num_cells": 8, "steps": 20, "timeout_s": 5}
             response = await client.post("/generate", json=body)
-    assert warm_s is not None and warm_s < 0.1, warm_s
+    # the cold forward alone took 0.5 s; a warm one takes milliseconds here, about 0.1 s on the
+    # emulated CUDA lane (Python dispatch per op): either way well under half the cold one
+    assert warm_s is not None and warm_s < 0.25, warm_s
     assert response.status_code == 200, response.text
     assert len(response.json()["counts"]) == 8
 
 
 async def test_deadline_is_504(model_dir: Path) -> None:
-    # admitted at the warm-up's speed (13 forwards fit in 1 s, also on the emulated lane), then
-    # slowed to 0.15 s a forward: about 2 s, past the deadline
-    async with served(make_settings(model_dir), slow_s=0.15) as (client, app):
-        body = {"num_cells": 1, "steps": 12, "timeout_s": 1}
+    # admitted at the warm-up's speed (9 forwards fit in 2 s, also on the emulated lane, whose
+    # forwards take about 0.1 s), then slowed to 0.4 s a forward: 3.6 s, past the deadline
+    async with served(make_settings(model_dir), slow_s=0.4) as (client, app):
+        body = {"num_cells": 1, "steps": 8, "timeout_s": 2}
         response = await client.post("/generate", json=body)
         metrics = (await client.get("/metrics")).text
         assert app.state.service.engine.active_jobs == 0
