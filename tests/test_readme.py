@@ -19,6 +19,7 @@ import pytest
 
 import sedd
 from sedd.cli import _parse
+from sedd.engine.forwards import STEP_BYTES_PER_TOKEN
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -118,16 +119,19 @@ PROSE = " ".join(README.split())  # wrapped lines joined, so a figure reads as o
 
 
 def test_the_k562_memory_figures_count_its_1725_tokens_and_add_up() -> None:
-    """The per-row score tensor and the block's step temporaries, recomputed from the shape."""
+    """The per-row score tensor, recomputed from the shape, and a block step's memory a row."""
     score = r"rows × genes × ([\d,]+) tokens × (\d) bytes: (\d+) rows → ([\d.]+) GB"
-    step = r"([\d,]+) positions × ([\d,]+) tokens, an fp64 CDF of ([\d.]+) GB beside fp32 "
     [(tokens, width, rows, gb)] = re.findall(score, PROSE)
     assert int(tokens.replace(",", "")) == K562_TOKENS
     assert float(gb) == round(int(rows) * K562_GENES * K562_TOKENS * int(width) / 1e9, 1)
-    [(positions, tokens, fp64, fp32)] = re.findall(step + r"temporaries of ([\d.]+) GB", PROSE)
-    assert int(tokens.replace(",", "")) == K562_TOKENS
-    count = int(positions.replace(",", "")) * K562_TOKENS
-    assert (float(fp64), float(fp32)) == (round(8 * count / 1e9, 1), round(4 * count / 1e9, 1))
+    # a block step's peak per row, measured on the emulated lane and planned per gene x token
+    row = r"([\d]+) MiB a row at the K562 shape \(([\d,]+) genes × ([\d,]+) tokens\)"
+    [(mib, genes, tokens)] = re.findall(row, PROSE)
+    assert (int(genes.replace(",", "")), int(tokens.replace(",", ""))) == (K562_GENES, K562_TOKENS)
+    assert int(mib) == 330  # 23.4 B a gene x token: under the 28 B the block size plans with
+    [planned] = re.findall(r"planned at (\d+) bytes per gene × token", PROSE)
+    assert int(planned) == STEP_BYTES_PER_TOKEN
+    assert int(mib) * 2**20 < K562_GENES * K562_TOKENS * STEP_BYTES_PER_TOKEN
 
 
 def test_a_30_percent_mfu_plan_is_called_optimistic_beside_the_realistic_range() -> None:

@@ -15,10 +15,12 @@ warns once and the sampler stays eager from then on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +92,16 @@ class GraphedSteps:
         for static, value in zip(captured.inputs, values, strict=True):
             if static is not None and value is not None:
                 static.copy_(value)
-        with torch.cuda.device(self.device):  # replay on this device's stream, not device 0's
+        with self._current():  # replay on this device's stream, not device 0's
             captured.graph.replay()
         self.replays += 1
         tokens, nonfinite, active = captured.outputs
         return tokens.clone(), nonfinite.clone(), active.clone()
+
+    def _current(self) -> contextlib.AbstractContextManager[object]:
+        """This device as the current CUDA device (a no-op off CUDA, where graphs are stand-ins
+        in tests)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
     def _capture(self, rows: StepRows, plan: StepPlan, amp: bool) -> _Captured:
         inputs = [None if v is None else v.clone() for v in rows.tensors()]
@@ -103,7 +110,7 @@ class GraphedSteps:
         # torch.cuda.graphs recommends, then capture on it. Everything happens with our device
         # current and on a stream of it: torch.cuda.graph's own default capture stream belongs
         # to whichever device was current when it was first made (cuda:0 for --device cuda:1).
-        with torch.cuda.device(self.device):
+        with self._current():
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

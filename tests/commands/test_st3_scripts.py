@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -67,7 +68,15 @@ def test_conditional_script_takes_st3_flags_and_writes_where_st3_does(
         str(perts), "--num_samples_per_pert", "1", "--num_steps", "2", "--temperature", "0.9",
         "--seed", "3", "--config", "configs/ignored.yaml", "--batch_size", "2",
     ]  # fmt: skip
-    assert inference_conditional(argv) == 0
+    # st3's bf16 default warns where the CPU emulates bf16 (pyproject's filter hides it from
+    # stderr under pytest, so the warning itself is what is checked)
+    warned = (
+        contextlib.nullcontext()
+        if cpu_has_native_bf16()
+        else pytest.warns(UserWarning, match="no native bf16")
+    )
+    with warned:
+        assert inference_conditional(argv) == 0
     out = exp / "inference_results" / "generated_cells.h5ad"
     adata = anndata.read_h5ad(out)
     assert list(adata.obs["perturbation"]) == ["non-targeting", "GENE_B", "GENE_A"]
@@ -78,9 +87,6 @@ def test_conditional_script_takes_st3_flags_and_writes_where_st3_does(
     assert record["precision"]["amp_dtype"] == "bf16"  # st3's default
     metadata = json.loads((out.parent / "generation_metadata.json").read_text())
     assert metadata["num_cells"] == 3 and metadata["args"]["precision"] == "bf16"
-    err = capsys.readouterr().err
-    if not cpu_has_native_bf16():
-        assert "no native bf16" in err
 
 
 def test_generation_script_names_genes_from_reference_data(tmp_path: Path) -> None:
