@@ -97,6 +97,32 @@ def _site() -> str:
     return "?"
 
 
+def flash_eligibility(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    **_: Any,
+) -> str:
+    """"flash" where CUDA's flash attention kernel takes these inputs, else the first reason it
+    would not (fp16/bf16 only, head size a multiple of 8 up to 256, no mask, q/k/v alike)."""
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"dtype {q.dtype} (flash needs fp16/bf16)"
+    if len({q.dtype, k.dtype, v.dtype}) > 1:
+        return "q, k and v differ in dtype"
+    head = q.shape[-1]
+    if head % 8 or head > 256 or k.shape[-1] != head or v.shape[-1] != head:
+        return f"head size {head} (flash needs a multiple of 8, at most 256, alike in q/k/v)"
+    if attn_mask is not None:
+        return "an attention mask"
+    if q.dim() != 4:
+        return f"{q.dim()}-d inputs (flash takes (B, heads, L, d))"
+    return "flash"
+
+
 @dataclass
 class Emulator:
     """The state of an emulated CUDA runtime (built by ``sedd.cuda_emulation.emulate_cuda``)."""
@@ -111,6 +137,7 @@ class Emulator:
     peak: list[int] = field(default_factory=list)
     capture: Any = None  # the graph being captured (sedd.cuda_emulation.graphs), if any
     observers: list[Any] = field(default_factory=list)  # called as fn(func, args, kwargs, out)
+    attention: list[str] = field(default_factory=list)  # per SDPA call: "flash" or why not
 
     def __post_init__(self) -> None:
         self.allocated = [0] * len(self.devices)
@@ -261,6 +288,8 @@ class Emulator:
             self.sync(kind, str(func))
         if self.capture is not None:
             self.capture.check_launch(self, index)
+        if packet is aten.scaled_dot_product_attention:
+            self.attention.append(flash_eligibility(*args, **kwargs))
         out = self._run_backing(func, args, kwargs)
         wrapped = self._wrap_outputs(func, kwargs, out, index)
         if self.capture is not None and self.capture.thread == thread:

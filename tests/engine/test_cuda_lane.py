@@ -130,3 +130,14 @@ def test_bench_overhead_on_cuda_times_the_device_and_counts_every_sync(graphs: b
     for f in figures:
         assert f.syncs == 1  # the readback; the per-row arrays cross asynchronously
         assert f.forward_ms > 0  # graph replays run no forward hooks: timed with CUDA events
+
+
+def test_the_models_attention_is_flash_eligible_under_bf16(emulator):
+    model = sedd.load(device="cuda", precision="bf16")
+    emulator.attention.clear()
+    model.generate(1, condition="CD19+ B", steps=1, seed=0, progress=False)
+    assert emulator.attention and set(emulator.attention) == {"flash"}  # head size 32, no mask
+    emulator.attention.clear()
+    sedd.load(device="cuda", precision="fp32").generate(1, condition="CD19+ B", steps=1,
+                                                         progress=False)  # fmt: skip
+    assert set(emulator.attention) == {"dtype torch.float32 (flash needs fp16/bf16)"}
