@@ -91,15 +91,17 @@ def parse_lane_log(text: str) -> dict[str, object]:
 
 
 def _lane_md(lane: dict[str, object]) -> list[str]:
-    md = ["## CUDA test lane", "", f"`{lane['summary']}`", ""]
+    summary = f"`{lane['summary']}`" if lane["summary"] else "pytest printed no summary"
+    md = ["## CUDA test lane", "", summary, ""]
     if lane["interrupted"]:
         md += [
-            "**Stopped at its time budget**: the tests after the last one shown did not run.",
+            "**Stopped at its time budget**: the tests after those counted did not run.",
             "",
         ]
     failed = lane["failed_tests"]
     if not failed:
-        return [*md, "failed tests: none", ""]
+        among = " among those that ran" if lane["interrupted"] else ""
+        return [*md, f"failed tests: none{among}", ""]
     md.append(f"failed tests ({len(failed)}):")  # type: ignore[arg-type]
     for f in failed:  # type: ignore[union-attr]
         message = f" ({f['message']})" if f["message"] else ""
@@ -411,7 +413,8 @@ def _failed_md(folder: Path, steps: dict[str, dict[str, object]], report: dict) 
         errors[name] = last_log_line(folder / f"{name}.log")
         state, code, took = s.get("status", "failed"), s.get("exit", "?"), s.get("seconds", "?")
         how = f"{state}, exit {code} after {took} s"
-        md.append(f"- {name} ({how}; {name}.log): `{errors[name]}`")
+        said = f"`{errors[name]}`" if errors[name] else "(no output)"
+        md.append(f"- {name} ({how}; {name}.log): {said}")
     report["failed_step_errors"] = errors
     return [*md, ""]
 
@@ -473,7 +476,9 @@ def main(folder: Path) -> int:
         md += ["## Steps", "", *_table(head, rows), "", f"total: {total} s", ""]
     lane = folder / "cuda_lane.log"
     if lane.exists():
-        report["cuda_lane"] = parse_lane_log(lane.read_text(errors="replace"))
+        report["cuda_lane"] = lane_figures = parse_lane_log(lane.read_text(errors="replace"))
+        if steps.get("cuda_lane", {}).get("status") == "timeout":
+            lane_figures["interrupted"] = True
         md += _lane_md(report["cuda_lane"])  # type: ignore[arg-type]
     if "compare_cells" in results:
         report["compare_cells"] = results["compare_cells"]

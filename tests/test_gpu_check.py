@@ -135,6 +135,13 @@ def test_a_lane_stopped_at_its_budget_still_names_its_failures(tmp_path: Path):
     assert lane["interrupted"] and len(lane["failed_tests"]) == 3
     assert lane["summary"].startswith("2 failed, 9 passed")
 
+    (tmp_path / "cuda_lane.log").write_text("")  # stopped while pytest started
+    (tmp_path / "cuda_lane.status").write_text("timeout 124 201 200 cuda\n")
+    code, md, report = _report(tmp_path)
+    assert code == 1 and report["cuda_lane"]["interrupted"]
+    assert "Stopped at its time budget" in md and "none among those that ran" in md
+    assert "- cuda_lane (timeout, exit 124 after 201 s; cuda_lane.log): (no output)" in md
+
 
 def test_the_report_folds_the_cell_comparison_identical_and_differing(tmp_path: Path):
     compare = _script("gpu_compare_cells").compare_counts
