@@ -25,7 +25,9 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 def forward_flops(model: ScoreModel, x: torch.Tensor, sigma: torch.Tensor, **conditioning) -> int:
     """FLOPs of one ``model(x, sigma, ...)`` forward (fp32, no autocast), attention included."""
     counter = FlopCounterMode(display=False, custom_mapping={_CPU_SDPA: _cpu_sdpa_flops})
-    with torch.inference_mode(), fp32_region(x.device.type), counter:
+    # no_grad, not inference_mode: views of inference tensors under the FLOP counter's mode
+    # cannot take a version counter on wrapper tensors (the emulated CUDA lane's)
+    with torch.no_grad(), fp32_region(x.device.type), counter:
         model(x, sigma, **conditioning)
     return int(counter.get_total_flops())
 

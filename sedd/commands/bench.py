@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sedd.commands.args import add_cuda_graphs_argument
+from sedd.commands.roofline import add_arguments as add_roofline_arguments
 
 if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
     from rich.table import Table
@@ -98,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows in flight")
     o.add_argument("--ticks", type=int, default=5, help="timed steps per row count")
     add_cuda_graphs_argument(o)
+    add_roofline_arguments(p)
     p.add_argument(
         "--out", type=Path, default=Path("bench_results/bench.json"), help="JSON results file"
     )
@@ -111,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     from sedd.bench import BenchCase, environment, run_case
     from sedd.commands.loading import resolve_device
 
+    if args.roofline:  # on the emulated lane's meta backing: any machine, no device needed
+        from sedd.commands.roofline import run_roofline
+
+        return run_roofline(args)
     args.device = resolve_device(args.device)
     if args.compare:
         return _run_compare(args)

@@ -10,18 +10,21 @@ from __future__ import annotations
 import torch
 
 
-def sample_categorical(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def sample_categorical(
+    probs: torch.Tensor, uniforms: torch.Tensor, *, nonnegative: bool = False
+) -> torch.Tensor:
     """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
 
-    Probabilities need not be normalised; negatives count as 0. The CDF is accumulated in fp64,
-    so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
+    Probabilities need not be normalised; negatives count as 0 (``nonnegative=True``: the caller
+    guarantees there are none, and a full pass over ``probs`` is saved). The CDF is accumulated
+    in fp64, so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
     zero-probability category is never returned.
     """
     if uniforms.dtype != torch.float64:
         raise TypeError(
             f"uniforms must be float64 (docs/precision.md rule 4), got {uniforms.dtype}."
         )
-    cdf = probs.clamp_min(0).double().cumsum(dim=-1)  # (M, V)
+    cdf = (probs if nonnegative else probs.clamp_min(0)).double().cumsum(dim=-1)  # (M, V)
     total = cdf[:, -1:]
     target = torch.minimum(
         uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total))

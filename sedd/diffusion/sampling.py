@@ -280,7 +280,10 @@ class Sampler:
             current = torch.full_like(x, self.graph.dim - 1) if self.graph.absorb else x
             probs = torch.where(temp != 1, temper(probs, current, temp), probs)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
-        drawn = sample_categorical(probs.flatten(0, 1), uniforms.flatten()).view_as(x)
+        # under the absorbing graph every entry is >= 0 (c s_y, and the stay clamped below)
+        drawn = sample_categorical(
+            probs.flatten(0, 1), uniforms.flatten(), nonnegative=self.graph.absorb
+        ).view_as(x)
         if self.denoise_mode == "argmax" and plan.any_final:
             drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
         tokens = torch.where(active, drawn, x)  # (b, L)
@@ -330,7 +333,9 @@ class Sampler:
             score = out.exp()  # (b, L, V)
             torch.mul(score[..., :mask], c.float()[:, None, None], out=moved)
             own = torch.where(tweedie[:, None], score[..., mask], 1.0)  # (b, L)
-        stay = torch.where(final[:, None], 0.0, own - moved.sum(dim=-1))  # (b, L)
+        # the stay is the only entry that can be negative: clamped here, on (b, L), so the draw
+        # skips a pass over (b, L, V) (it counts negatives as 0: the same numbers)
+        stay = torch.where(final[:, None], 0.0, own - moved.sum(dim=-1)).clamp_min(0)  # (b, L)
         probs[..., mask] = stay
         return probs
 
