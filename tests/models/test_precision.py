@@ -54,9 +54,9 @@ def test_autocast_covers_the_model_forward_only_and_draws_are_fp64(monkeypatch):
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
     real = sedd.diffusion.sampling.sample_categorical
 
-    def spy(probs, uniforms):
+    def spy(probs, uniforms, **options):
         seen.append((torch.is_autocast_enabled("cpu"), probs.dtype, uniforms.dtype))
-        return real(probs, uniforms)
+        return real(probs, uniforms, **options)
 
     monkeypatch.setattr(sedd.diffusion.sampling, "sample_categorical", spy)
     model = ExactModel(JOINT, 5, 3, "x0")
@@ -184,9 +184,9 @@ def test_bf16_autocast_on_the_lane_device_covers_the_forward_only(monkeypatch):
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
     real = sedd.diffusion.sampling.sample_categorical
 
-    def spy(probs, uniforms):
+    def spy(probs, uniforms, **options):
         seen.append((torch.is_autocast_enabled(DEVICE.type), probs.dtype, uniforms.dtype))
-        return real(probs, uniforms)
+        return real(probs, uniforms, **options)
 
     inside: list[bool] = []
     hook = LOADED.model.register_forward_hook(
