@@ -11,7 +11,11 @@ import torch
 
 
 def sample_categorical(
-    probs: torch.Tensor, uniforms: torch.Tensor, *, nonnegative: bool = False
+    probs: torch.Tensor,
+    uniforms: torch.Tensor,
+    *,
+    nonnegative: bool = False,
+    stay: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Inverse-CDF draw of one category per row of ``probs`` (M, V) from fp64 ``uniforms`` (M,).
 
@@ -19,13 +23,24 @@ def sample_categorical(
     guarantees there are none, and a full pass over ``probs`` is saved). The CDF is accumulated
     in fp64, so a category of probability 1e-9 is drawn at its rate (fp32 draws lose it). A
     zero-probability category is never returned.
+
+    ``stay`` (M,) gives the last category's probability apart (the absorbing step's "stay
+    masked"), with ``probs[:, -1]`` 0: the same draw as with it in that column, without a
+    (M, V) write for one column.
     """
     if uniforms.dtype != torch.float64:
         raise TypeError(
             f"uniforms must be float64 (docs/precision.md rule 4), got {uniforms.dtype}."
         )
-    cdf = (probs if nonnegative else probs.clamp_min(0)).double().cumsum(dim=-1)  # (M, V)
+    weights = probs if nonnegative else probs.clamp_min(0)
+    cdf = torch.empty_like(weights, dtype=torch.float64).copy_(weights)  # never `probs` itself
+    cdf.cumsum_(dim=-1)  # (M, V), in place: no second fp64 buffer
     total = cdf[:, -1:]
+    if stay is not None:
+        # cdf[:, -1] is the sum before the last category (its column adds 0): the total is
+        # that plus the stay, as the CDF's last entry would be. No entry is above the total,
+        # so the search finds the same category (past the last entry: the last category).
+        total = total + (stay if nonnegative else stay.clamp_min(0))[:, None].double()
     target = torch.minimum(
         uniforms[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
     )

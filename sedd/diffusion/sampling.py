@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from sedd.diffusion.categorical import sample_categorical, temper
 from sedd.diffusion.cuda_graphs import GraphedSteps
@@ -97,6 +98,12 @@ class StepOutput:
     model_calls: int = 0  # model forwards run: row blocks, plus any fp32 recomputation
     active: np.ndarray | None = None  # (B,) per row, the positions that can still change
 
+
+# Real tokens (V - 1) from which the absorbing step takes softmax over whole rows with the mask's
+# logit at -inf: the same numbers as over the real tokens alone once they fill a CPU vector
+# register (up to 64 fp32 lanes). ATen sums a row shorter than a register element by element
+# and a longer one lane-wise, so a trailing 0 changes no sum only past the first register.
+WHOLE_ROW_SOFTMAX_FROM = 64
 
 # Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
 # a 765-gene row costs the same at 1 to 10 rows a forward (33-35 ms in fp32), so the block is one
@@ -270,21 +277,25 @@ class Sampler:
         nonfinite = (~torch.isfinite(out.sum(dim=-1)) & active).any(dim=-1)  # (b,)
         final = rows.s <= 0  # (b,)
         sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
+        stay = None  # under the absorbing graph, the weight of staying masked, apart
         if self.graph.absorb:  # only masked positions change: the transition out of the mask
-            probs = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
+            probs, stay = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
         else:
             probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
         if plan.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
-            # the token a position stays on: under the absorbing graph, the mask
+            # the token a position stays on: under the absorbing graph, the mask (its column is
+            # 0 here and the stay is kept apart, so temper leaves both as they are)
             current = torch.full_like(x, self.graph.dim - 1) if self.graph.absorb else x
             probs = torch.where(temp != 1, temper(probs, current, temp), probs)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
-        # under the absorbing graph every entry is >= 0 (c s_y, and the stay clamped below)
+        # under the absorbing graph every entry is >= 0 (c s_y, and the stay clamped)
         drawn = sample_categorical(
-            probs.flatten(0, 1), uniforms.flatten(), nonnegative=self.graph.absorb
-        ).view_as(x)
+            probs.flatten(0, 1), uniforms.flatten(), nonnegative=self.graph.absorb,
+            stay=None if stay is None else stay.flatten(),
+        ).view_as(x)  # fmt: skip
         if self.denoise_mode == "argmax" and plan.any_final:
+            # a final row's stay is 0: the argmax is over the real tokens (the mask column is 0)
             drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
         tokens = torch.where(active, drawn, x)  # (b, L)
         return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1)
@@ -307,8 +318,9 @@ class Sampler:
         sigma_s: torch.Tensor,
         rows: StepRows,
         final: torch.Tensor,
-    ) -> torch.Tensor:
-        """Unnormalised p(x_s = y | x_t = mask), (b, L, V) fp32, at every position.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unnormalised p(x_s = y | x_t = mask) at every position: the jumps (b, L, V) fp32 with
+        the mask's column 0, and the stay p(mask) (b, L) fp32 apart. Overwrites ``out``.
 
         Under the absorbing graph only masked positions can change (the others are kept by
         ``torch.where`` in the step), so only the transition out of the mask is needed. Both
@@ -317,27 +329,35 @@ class Sampler:
         rate's diagonal is -S). Euler: c = (t - s) sigma'(t); analytic and the final denoise:
         c = e^dsigma - 1 (exp(-dsigma Q) s times row mask of exp(dsigma Q), simplified). The
         final denoise never emits the mask: p(mask) = 0.
+
+        Every op is over whole rows of V, in place where it can be: a slice of the V - 1 real
+        tokens would be copied (strided) by softmax, and a (b, L, V) buffer for the stay's one
+        column would be written for it.
         """
         mask = self.graph.dim - 1
         tweedie = final | rows.analytic  # (b,)
         dsigma = torch.where(final, sigma_t, sigma_t - sigma_s)
         euler_c = (rows.t - rows.s) * self.noise.rate_noise(rows.t)
         c = torch.where(tweedie, torch.expm1(dsigma), euler_c)  # (b,) fp64
-        probs = torch.empty_like(out)  # (b, L, V)
-        moved = probs[..., :mask]  # c s_y, written in place
+        column = torch.full((1,), mask, device=out.device)  # index_fill_ writes (b, L), no view
         if self.model.parametrisation == "x0":  # s_y = p0_y / (e^sigma - 1), s_mask = 1
             scale = (c / torch.expm1(sigma_t)).float()[:, None, None]  # (b, 1, 1)
-            torch.mul(torch.softmax(out[..., :mask], dim=-1), scale, out=moved)
+            if mask >= WHOLE_ROW_SOFTMAX_FROM:  # the mask's logit at -inf: p0 over the rest
+                with torch.inference_mode():  # `out` may be the forward's own (inference) tensor
+                    out.index_fill_(-1, column, -torch.inf)
+                jumps = torch.softmax(out, dim=-1).mul_(scale)  # (b, L, V), 0 at the mask
+            else:  # a short row: softmax over the real tokens' slice (a small copy), padded
+                jumps = F.pad(torch.softmax(out[..., :mask], dim=-1).mul_(scale), (0, 1))
             own: torch.Tensor | float = 1.0
         else:
-            score = out.exp()  # (b, L, V)
-            torch.mul(score[..., :mask], c.float()[:, None, None], out=moved)
-            own = torch.where(tweedie[:, None], score[..., mask], 1.0)  # (b, L)
+            jumps = out.exp()  # (b, L, V) the score
+            own = torch.where(tweedie[:, None], jumps[..., mask], 1.0)  # (b, L)
+            jumps.mul_(c.float()[:, None, None]).index_fill_(-1, column, 0.0)
         # the stay is the only entry that can be negative: clamped here, on (b, L), so the draw
         # skips a pass over (b, L, V) (it counts negatives as 0: the same numbers)
-        stay = torch.where(final[:, None], 0.0, own - moved.sum(dim=-1)).clamp_min(0)  # (b, L)
-        probs[..., mask] = stay
-        return probs
+        moved = jumps[..., :mask].sum(dim=-1)  # (b, L)
+        stay = torch.where(final[:, None], 0.0, own - moved).clamp_min(0)  # (b, L)
+        return jumps, stay
 
     def _transition_probs(
         self,

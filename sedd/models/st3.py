@@ -22,7 +22,9 @@ here) provides:
   - ``"score"``: the log of the SEDD concrete score, log s(x, sigma)_y = log p_t(y) / p_t(x),
     exactly as reference SEDD's model returns it (the entry of the current token is 0).
 
-An x0 output may be bf16 under autocast; the sampler casts it to fp32 at the boundary.
+An x0 output may be bf16 under autocast; the sampler casts it to fp32 at the boundary. The
+output is the caller's: the sampler overwrites an x0 output's mask column in place, so a model
+returns a fresh tensor, not one it keeps.
 
 Models
 ------
