@@ -9,17 +9,29 @@ from pathlib import Path
 import pytest
 from devices import EMULATED
 
-from sedd.bench.roofline import PARTS, Shape, block_step_roofline
+import sedd.commands.roofline as roofline_command
+from sedd.bench.roofline import (
+    H100_BF16_FLOPS,
+    H100_BYTES_PER_S,
+    PARTS,
+    Roofline,
+    Shape,
+    block_step_roofline,
+    estimated_seconds,
+    plan_row,
+)
 from sedd.cli import main
 
 pytestmark = pytest.mark.skipif(EMULATED, reason="runs an emulation of its own (meta backing)")
 
-# sampler-tail bytes of one bf16 block step at the K562 shape (15 rows), counted at 24a7342
-# (before the absorbing draw skipped its clamp pass over (rows, genes, vocab))
-K562_TAIL_BYTES_BEFORE = 16.697e9
+# One bf16 block step at the K562 shape (8563 x 1724, 256/8/8, 15 rows), counted by this roofline
+# on the sampler as of f2c6d5c (unchanged since 17d05f4): before the absorbing step took softmax
+# over whole rows, scaled in place and kept the stay apart.
+K562_TAIL_BYTES_BEFORE = 14_971_084_228
+K562_PEAK_BYTES_BEFORE = 5_328_575_467
 
 
-def test_gemm_flops_are_exact_on_a_tiny_model():
+def test_gemm_and_attention_flops_are_exact_on_a_tiny_model():
     shape = Shape(genes=16, bins=5, hidden=8, layers=1, heads=2, rows=3)
     r = block_step_roofline(shape, "fp32")
     tokens, h, rows, vocab = shape.rows * shape.genes, shape.hidden, shape.rows, shape.vocab
@@ -31,16 +43,33 @@ def test_gemm_flops_are_exact_on_a_tiny_model():
     heads, d = shape.heads, h // shape.heads
     assert r.flops["attention"] == 4 * rows * heads * shape.genes**2 * d  # flash: no L x L
     assert r.flops["elementwise"] == r.flops["sampler tail"] == 0
+    assert r.total_flops == sum(r.flops[p] for p in PARTS)
+    assert r.total_bytes == sum(r.bytes[p] for p in PARTS)
     assert all(r.bytes[p] > 0 for p in PARTS) and r.peak_bytes > 0
+    # q, k, v read and the output written once a layer: (rows, genes, hidden) fp32 each
+    assert r.bytes["attention"] == shape.layers * 4 * tokens * h * 4
 
 
-def test_the_k562_sampler_tail_moves_less_than_before():
+def test_the_k562_sampler_tail_moves_less_than_before_and_the_step_peaks_lower():
     r = block_step_roofline(Shape(), "bf16")
-    assert r.bytes["sampler tail"] < 0.9 * K562_TAIL_BYTES_BEFORE
+    assert r.bytes["sampler tail"] < 0.9 * K562_TAIL_BYTES_BEFORE  # 13.20 GB
+    assert r.peak_bytes < 0.7 * K562_PEAK_BYTES_BEFORE  # 3.32 GiB
     # the step's peak stays under what the block size plans with (sedd.engine.forwards)
     from sedd.engine.forwards import step_bytes
 
     assert r.peak_bytes < step_bytes(15, 8563, 1725)
+
+
+def test_the_plan_takes_each_part_at_its_bound_and_a_forward_per_step_and_the_denoise():
+    shape = Shape(genes=100, bins=9, rows=4)
+    r = Roofline(shape, "bf16")
+    r.flops["attention"] = 0.15 * H100_BF16_FLOPS  # 1 s at 15% MFU
+    r.flops["linear"], r.bytes["linear"] = 1.0, 2 * H100_BYTES_PER_S  # memory-bound: 2 s
+    r.bytes["sampler tail"] = H100_BYTES_PER_S  # 1 s
+    assert estimated_seconds(r, 0.15) == pytest.approx(4.0)
+    row = plan_row("toy", r, steps=9)
+    assert row["cells_per_s@15%"] == pytest.approx(4 / (10 * 4.0))  # 4 cells a block
+    assert row["gpu_hours_per_million@20%"] == pytest.approx(10 * 3.75 / 4 * 1e6 / 3600)
 
 
 def test_the_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys):
@@ -51,9 +80,27 @@ def test_the_cli_prints_the_table_and_writes_json(tmp_path: Path, capsys):
     assert "sampler tail" in printed and "peak device memory" in printed
     result = json.loads(out.read_text())["roofline"]
     assert result["shape"]["genes"] == 64 and set(result["parts"]) == set(PARTS)
+    parts = result["parts"].values()
+    assert result["total_bytes"] == sum(p["bytes"] for p in parts)
+
+
+def test_rows_default_to_the_cuda_block_and_the_plan_is_labelled_an_estimate(
+    tmp_path: Path, capsys, monkeypatch
+):
+    assert roofline_command.parse_shape("8563x1724:256/8/8").rows == 15
+    monkeypatch.setattr(roofline_command, "SHAPES", {"toy": "64x9:16/1/2", "K562": "8x3:8/1/2"})
+    out = tmp_path / "r.json"
+    argv = ["bench", "--roofline", "--roofline-shape", "64x9:16/1/2", "--plan", "--out", str(out)]
+    assert main(argv) == 0
+    assert "ESTIMATE, not measured" in capsys.readouterr().out
+    plan = json.loads(out.read_text())["plan_estimate"]
+    assert [(row["model"], row["steps"]) for row in plan] == [
+        ("toy", 10), ("toy", 50), ("K562", 10), ("K562", 50),
+    ]  # fmt: skip
+    assert plan[0]["shape"] == "64x9:16/1/2:2048"  # 131,072 tokens // 64 genes
 
 
 def test_a_bad_shape_is_one_line_naming_the_option(capsys):
     assert main(["bench", "--roofline", "--roofline-shape", "8563:256"]) == 2
     err = capsys.readouterr().err
-    assert "--roofline-shape must be GENESxBINS:HIDDEN/LAYERS/HEADS:ROWS" in err
+    assert "--roofline-shape must be GENESxBINS:HIDDEN/LAYERS/HEADS[:ROWS]" in err
