@@ -52,13 +52,15 @@ def temper(probs: torch.Tensor, current: torch.Tensor, temperature: torch.Tensor
 
     For an x0 model this is softmax(logits / T) over the candidates; the chance of moving at all
     (e.g. of unmasking) is unchanged, so temperature alters what is drawn, not when. ``probs``
-    (..., V), ``current`` (...), ``temperature`` broadcasting against (..., 1).
+    (..., V), ``current`` (...), ``temperature`` in probs' dtype, broadcasting against (..., 1).
+    Each step after the first writes into the tensor before it: one (..., V) temporary at a time.
     """
     here = current[..., None]
-    jump = probs.clamp_min(0).scatter(-1, here, 0.0)  # (..., V)
+    jump = probs.clamp_min(0).scatter_(-1, here, 0.0)  # (..., V)
     mass = jump.sum(dim=-1, keepdim=True)
-    log_jump = jump.clamp_min(torch.finfo(jump.dtype).tiny).log() / temperature
-    tempered = torch.softmax(log_jump.masked_fill(jump <= 0, -torch.inf), dim=-1)
-    tempered = torch.nan_to_num(tempered, nan=0.0) * mass
+    never = jump <= 0  # (..., V) bool
+    log_jump = jump.clamp_min_(torch.finfo(jump.dtype).tiny).log_().div_(temperature)
+    tempered = torch.softmax(log_jump.masked_fill_(never, -torch.inf), dim=-1)
+    tempered = tempered.nan_to_num_(nan=0.0).mul_(mass)
     stay = probs.gather(-1, here).clamp_min(0)
-    return tempered.scatter(-1, here, stay)
+    return tempered.scatter_(-1, here, stay)
