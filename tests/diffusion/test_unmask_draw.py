@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from devices import DEVICE
+from devices import DEVICE, EMULATED
 
 from sedd.diffusion.categorical import sample_categorical, temper
 from sedd.diffusion.graph import AbsorbingGraph
@@ -85,10 +85,10 @@ def loud(model: torch.nn.Module, std: float) -> torch.nn.Module:
 
 
 def models(vocab: int) -> dict[str, torch.nn.Module]:
-    return {
-        "x0": loud(SEDDTransformer(GENES, vocab - 1, 32, 1, 2), 0.2),
-        "score": loud(DDiT(vocab, 32, 16, 1, 2, GENES, "absorb", dropout=0.0), 0.3),
-    }
+    found = {"x0": loud(SEDDTransformer(GENES, vocab - 1, 32, 1, 2), 0.2)}
+    if not EMULATED:  # DDiT's forward views its input under inference mode: the emulator refuses
+        found["score"] = loud(DDiT(vocab, 32, 16, 1, 2, GENES, "absorb", dropout=0.0), 0.3)
+    return found
 
 
 def rows_at(t: float, s: float, vocab: int, analytic: bool) -> StepRows:
