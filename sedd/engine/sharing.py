@@ -5,7 +5,8 @@ jobs in flight, max-min fairly (``fair_shares``: the server, so a small job runs
 one) or first come first (``first_come_shares``: offline runs, whose batches then stay in step).
 A job's rows are ``RowBlock`` s, each on its own step; a share that ends inside a block splits it,
 and neighbours on the same step join again (``merge_adjacent``). ``ticks_until_room`` is what
-a 429's ``Retry-After`` is made of.
+a 429's ``Retry-After`` is made of. Every function here returns new values and changes none of
+its arguments (``admit`` only pops the queue and counts admitted rows, as the tick asks).
 """
 
 from __future__ import annotations
@@ -47,12 +48,15 @@ def first_come_shares(demands: list[int], budget: int) -> list[int]:
 
 def merge_adjacent(blocks: list[RowBlock]) -> list[RowBlock]:
     """One job's blocks with neighbours on the same step joined (a job whose rows were split
-    between ticks catches up into one block again); sorted by row."""
+    between ticks catches up into one block again); sorted by row.
+
+    Pure: a joined block is a new ``RowBlock``, the given ones are left as they were, so an
+    estimate (``ticks_until_room``) made from them changes nothing in flight."""
     merged: list[RowBlock] = []
     for blk in sorted(blocks, key=lambda b: b.lo):
         last = merged[-1] if merged else None
         if last is not None and last.hi == blk.lo and last.step == blk.step:
-            last.hi = blk.hi
+            merged[-1] = RowBlock(blk.state, last.lo, blk.hi, blk.step)
         else:
             merged.append(blk)
     return merged

@@ -137,3 +137,21 @@ def test_ticks_until_room_errs_long_when_rows_run_out_of_masks():
         engine.tick()
         waited += 1
     assert 1 <= waited <= predicted <= 4
+
+
+@pytest.mark.parametrize("fair", [True, False])
+def test_retry_after_estimates_between_ticks_leave_running_jobs_intact(fair):
+    """The estimate behind Retry-After once joined a split job's blocks in place: the engine was
+    left with overlapping blocks, and a job split by the shares never finished."""
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=3, max_rows_in_flight=9,
+                              fair=fair)  # fmt: skip
+    big, small = job(8, steps=20, seed=1), job(1, steps=20, seed=2, label=2)
+    hb, hs = engine.submit(big), engine.submit(small)
+    ticks = 0
+    while not (hb.future.done() and hs.future.done()):
+        assert engine.ticks_until_room() >= 1
+        engine.tick()
+        ticks += 1
+        assert ticks < 200, "a job was never resolved"
+    assert torch.equal(hb.future.result(timeout=0).tokens, solo(big))
+    assert torch.equal(hs.future.result(timeout=0).tokens, solo(small))
