@@ -103,6 +103,15 @@ class DeadlineExceeded(Exception):
     """The request's deadline passed before the engine answered."""
 
 
+class Overloaded(Exception):
+    """The work already admitted would keep this request past its deadline (429): it could
+    finish alone, so retrying after ``retry_after`` seconds can succeed."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 # Every class ``http_error`` maps (subclasses included); the app registers a handler for each.
 MAPPED: tuple[type[Exception], ...] = (
     ValueError,  # FieldError, UnknownLabelError, CountRangeError, engine field checks
@@ -111,6 +120,7 @@ MAPPED: tuple[type[Exception], ...] = (
     ModelNotServed,
     Unauthorized,
     EngineFull,
+    Overloaded,
     Draining,
     EngineStopped,
     NotReady,
@@ -160,6 +170,8 @@ def http_error(exc: BaseException) -> HTTPFailure:
                 f"{headers['Retry-After']} s.",
                 headers,
             )
+        case Overloaded():
+            return HTTPFailure(429, str(exc), _retry_after(exc.retry_after))
         case Draining() | EngineStopped():
             return HTTPFailure(
                 503,

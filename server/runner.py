@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -20,8 +21,9 @@ from typing import Any
 from starlette.requests import Request
 
 from sedd.engine import JobCancelled, JobHandle, JobProgress, JobResult
+from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan
-from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError
+from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError, Overloaded
 from server.metrics import outcome_for_status
 from server.planning import PlannedJob, finite_or_zero
 from server.state import Service
@@ -45,9 +47,13 @@ def submit(
 
 
 def check_cost(service: Service, planned: PlannedJob) -> None:
-    """Refuse at once a request above ``max_cell_steps``, or whose own model time at the
-    engine's measured forward time is longer than its deadline: it could only hold the engine
-    and end in a 504."""
+    """Admission by cost, against the work already admitted.
+
+    A request above ``max_cell_steps``, or one that could not end by its deadline even alone
+    at the engine's measured forward time, gets a 422 ``too_costly`` (it would only hold the
+    engine and end in a 504). One that could, but not behind what is in flight and queued
+    (``Workload.finish_seconds``: the engine's sharing played forward), gets a 429 whose
+    Retry-After is the wait after which it would fit (``Workload.wait_before_fit``)."""
     job = planned.job
     limit, cost = service.settings.max_cell_steps, job.num_cells * job.steps
     if limit is not None and cost > limit:
@@ -59,20 +65,30 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
             type="too_costly",
             ctx={"cell_steps": cost, "max_cell_steps": limit},
         )
-    estimate = service.engine.estimated_seconds(job.num_cells, job.steps)
-    if estimate is None or estimate <= planned.timeout_s:
+    workload, deadline = service.engine.workload(), planned.timeout_s
+    if workload is None:  # no forward timed yet (the warm-up failed): nothing to price with
         return
-    forward_ms = 1000 * (service.engine.forward_seconds or 0.0)
-    raise FieldError(
-        ["body"],
-        f"this request needs about {estimate:.0f} s of model time ({job.num_cells} cells x "
-        f"{job.steps} steps at {forward_ms:.0f} ms a forward of "
-        f"{service.engine.sampler.block_rows or job.num_cells} rows), longer than its deadline "
-        f"of {planned.timeout_s:g} s; ask for fewer cells or steps, or a longer timeout_s (up to "
-        "the server's request_timeout_s)",
-        type="too_costly",
-        ctx={"estimated_s": round(estimate, 1), "deadline_s": planned.timeout_s},
-    )
+    new = Work.of_queued(job)
+    alone = workload.alone_seconds(new)
+    if alone > deadline:
+        forward_ms = 1000 * workload.forward_seconds
+        raise FieldError(
+            ["body"],
+            f"this request needs about {alone:.0f} s of model time ({job.num_cells} cells x "
+            f"{job.steps} steps at {forward_ms:.0f} ms a forward of {workload.block_rows} "
+            f"rows), longer than its deadline of {deadline:g} s; ask for fewer cells or steps, "
+            "or a longer timeout_s (up to the server's request_timeout_s)",
+            type="too_costly",
+            ctx={"estimated_s": round(alone, 1), "deadline_s": deadline},
+        )
+    wait = workload.wait_before_fit(new, deadline)
+    if wait > 0:
+        raise Overloaded(
+            f"the requests already admitted would keep this one past its deadline of "
+            f"{deadline:g} s (it needs about {alone:.1f} s alone); retry after "
+            f"{math.ceil(wait)} s, or ask for fewer cells or steps or a longer timeout_s",
+            wait,
+        )
 
 
 async def warm_up(service: Service) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from sedd.checkpoints import LoadedModel
 from sedd.diffusion.sampling import Sampler
+from sedd.engine.admission import Work, Workload
 from sedd.engine.forwards import model_sampler
 from sedd.engine.jobs import (
     EngineFull,
@@ -43,7 +44,7 @@ from sedd.engine.jobs import (
     validate_job,
 )
 from sedd.engine.rows import JobState, RowBlock
-from sedd.engine.sharing import admit, groups_of, select, ticks_until_room
+from sedd.engine.sharing import admit, groups_of, select
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
@@ -103,8 +104,7 @@ class Engine:
                 raise ValueError(f"`{name}` must be >= 1, got {value}.")
         self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
-        self.max_rows_in_flight = in_flight
-        self.fair = fair
+        self.max_rows_in_flight, self.fair = in_flight, fair
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[JobState] = deque()  # FIFO; the head may be partly admitted
@@ -112,9 +112,7 @@ class Engine:
         self._accepting, self._abort = True, False
         self._thread: threading.Thread | None = None
         self._next_id = 0
-        self._tick_seconds = 0.0  # moving average of a busy tick, for retry_after
-        # moving average of one model forward (one row block), for what a request will cost
-        self.forward_seconds: float | None = None
+        self.forward_seconds: float | None = None  # moving average of one forward (a block)
         self.last_tick_monotonic: float | None = None  # when the last tick ended
         self.tick_started_monotonic: float | None = None  # when the last (or current) began
         self._stepper = Stepper(sampler, self._finish, self._observe)
@@ -179,17 +177,16 @@ class Engine:
         return sum(blk.rows for blk in blocks)
 
     def _time(self, seconds: float, calls: int) -> None:
-        """Moving averages of a busy tick (for retry_after) and of one forward (for cost)."""
-        old = self._tick_seconds
-        self._tick_seconds = seconds if old == 0 else 0.8 * old + 0.2 * seconds
+        """Moving average of one forward (a tick over its forwards): what the estimates of
+        admission and Retry-After price a tick at (``workload``)."""
         if calls:
             each, last = seconds / calls, self.forward_seconds
             self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
 
     def restart_timing(self) -> None:
-        """Forget the measured tick and forward times; the next busy ticks set them afresh.
-        For a warm-up: its first ticks are cold and would overstate both for many ticks."""
-        self._tick_seconds, self.forward_seconds = 0.0, None
+        """Forget the measured forward time; the next busy ticks set it afresh. For a warm-up:
+        its first ticks are cold and would overstate it for many ticks."""
+        self.forward_seconds = None
 
     def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
         ended: list[tuple[JobState, Exception]] = []
@@ -282,18 +279,15 @@ class Engine:
             log.exception("observer %s raised", hook)
 
     def _retry_after_locked(self) -> float:
-        """Seconds until a queued job can start, so one more can queue (an estimate): the
-        ticks ``sharing.ticks_until_room`` counts, at the measured time of a busy tick."""
-        return max(0.05, self._tick_seconds * self._ticks_locked()) if self._tick_seconds else 1.0
+        """Seconds until a queued job can start, so one more can queue (an estimate,
+        ``Workload.room_seconds``); 1 s before a forward has been timed."""
+        seconds, groups = self.forward_seconds, groups_of(self._active)
+        return 1.0 if seconds is None else self._workload_locked(seconds).room_seconds(groups)
 
     def ticks_until_room(self) -> int:
         """Ticks until the head of the queue can start (``EngineFull.retry_after``'s)."""
         with self._lock:
-            return self._ticks_locked()
-
-    def _ticks_locked(self) -> int:
-        limits = (self.max_rows_per_forward, self.max_rows_in_flight)
-        return ticks_until_room(groups_of(self._active), *limits, fair=self.fair)
+            return self._workload_locked(0.0).room_ticks(groups_of(self._active))
 
     # ---- the background thread -------------------------------------------------------------
 
@@ -348,13 +342,19 @@ class Engine:
         for st in self._states():
             self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
 
-    def estimated_seconds(self, rows: int, steps: int) -> float | None:
-        """Model time of a job of ``rows`` rows x ``steps`` steps alone (a forward per block per
-        step, and the denoise) at the measured forward time; None before one is timed."""
-        if self.forward_seconds is None:
-            return None
-        block = self.sampler.block_rows or max(rows, 1)
-        return (steps + 1) * -(-rows // block) * self.forward_seconds
+    def workload(self) -> Workload | None:
+        """The jobs in flight and queued as row counts, with the limits and the measured
+        forward time (``sedd.engine.admission``); None before a forward has been timed."""
+        seconds = self.forward_seconds
+        with self._lock:
+            return None if seconds is None else self._workload_locked(seconds)
+
+    def _workload_locked(self, forward_seconds: float) -> Workload:
+        running = tuple(Work.of_blocks(blocks) for blocks in groups_of(self._active))
+        waiting = tuple(Work.of_queued(st.job, st.admitted) for st in self._waiting)
+        block = self.sampler.block_rows or self.max_rows_per_forward
+        return Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
+                        self.fair, forward_seconds, block)  # fmt: skip
 
     def cut(self) -> None:
         """Stop now, from any thread: fail every queued and in-flight job at once with

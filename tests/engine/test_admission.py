@@ -1,0 +1,114 @@
+"""Admission's estimates (``sedd.engine.admission``) against what the engine then really does:
+when a new job ends behind the work already admitted, and how long a full queue waits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from engine_models import FP32, LOADED, job
+
+from sedd.checkpoints import LoadedModel, load_checkpoint
+from sedd.engine import Engine, EngineFull, EngineJob
+from sedd.engine.admission import Work, Workload
+
+
+@pytest.fixture(scope="module")
+def uniform_model() -> LoadedModel:
+    """Every position of a row can change to the end: rows need a forward up to their last
+    step, as the estimate assumes, so it should be close; an absorbing graph errs long."""
+    ref = Path(__file__).resolve().parents[1] / "data" / "sedd_reference" / "uniform" / "hf"
+    with pytest.warns(UserWarning, match="GENES ARE POSITIONAL"):
+        return load_checkpoint(ref)
+
+
+class Forwards:
+    """Observer: the model forwards run so far (the estimate's unit, at 1 s a forward)."""
+
+    calls = 0
+
+    def on_forward(self, rows: int, seconds: float, calls: int) -> None:
+        self.calls += calls
+
+
+def _engine(loaded: LoadedModel, **kw: object) -> tuple[Engine, Forwards]:
+    seen = Forwards()
+    engine = Engine.for_model(loaded, FP32, observer=seen, fair=True, **kw)
+    engine.sampler.block_rows = 2  # several forwards a tick, so the tick's cost is priced too
+    return engine, seen
+
+
+@pytest.mark.parametrize(
+    ("running", "new", "budget", "in_flight"),
+    [
+        ([(4, 10), (2, 3)], (1, 5), 4, 8),  # the new job starts at once and shares the rows
+        ([(4, 10), (4, 6)], (2, 4), 4, 8),  # no room: it waits until a job ends
+        ([(3, 12)], (6, 2), 3, 12),  # more rows than a tick steps: it gets a share
+        ([(2, 5), (2, 5), (2, 5)], (1, 3), 2, 6),  # more jobs than rows a tick
+    ],
+)
+def test_finish_estimate_matches_the_engine_and_never_errs_short(
+    uniform_model, running, new, budget, in_flight
+):
+    engine, seen = _engine(uniform_model, max_rows_per_forward=budget,
+                           max_rows_in_flight=in_flight)  # fmt: skip
+    for i, (cells, steps) in enumerate(running):
+        engine.submit(EngineJob(cells, steps=steps, seed=i))
+    engine.tick()
+    engine.forward_seconds = 1.0  # price in forwards
+    workload = engine.workload()
+    new_job = EngineJob(new[0], steps=new[1], seed=9)
+    predicted = workload.finish_seconds(Work.of_queued(new_job))
+    start = seen.calls
+    handle = engine.submit(new_job)
+    while not handle.future.done():
+        engine.tick()
+    actual = seen.calls - start
+    assert actual <= predicted <= 1.3 * actual + 2, (predicted, actual)
+
+
+def test_estimates_err_long_when_rows_run_out_of_masks():
+    engine, seen = _engine(LOADED, max_rows_per_forward=4, max_rows_in_flight=8)
+    engine.submit(job(4, steps=12, seed=1))
+    engine.tick()
+    engine.forward_seconds = 1.0
+    new_job = job(2, steps=6, seed=2)
+    predicted = engine.workload().finish_seconds(Work.of_queued(new_job))
+    start = seen.calls
+    handle = engine.submit(new_job)
+    while not handle.future.done():
+        engine.tick()
+    assert seen.calls - start <= predicted
+
+
+def test_wait_before_fit_is_the_shortest_wait_that_fits():
+    # four jobs of 256 rows x 76 row-steps hold all 1,024 rows in flight; a tick is 1 s
+    load = Workload((Work(256, 256 * 76),) * 4, (), 256, 1024, True, 1.0, 256)
+    small = Work(1, 11)
+    assert load.alone_seconds(small) == 11
+    assert load.finish_seconds(small) == 4 * 76 + 11  # waits for room, then its 11 ticks
+    wait = load.wait_before_fit(small, 20.0)
+    assert load.finish_seconds(small, after=wait) - wait <= 20.0
+    assert load.finish_seconds(small, after=wait - 1.0) - (wait - 1.0) > 20.0
+    assert load.wait_before_fit(small, 400.0) == 0.0
+    assert math.isinf(load.wait_before_fit(Work(1, 30), 20.0))  # 30 ticks alone: never
+
+
+def test_retry_after_prices_a_job_that_just_joined_at_once():
+    """A full queue's Retry-After is its ticks at the forwards the rows in flight take now: a
+    big job that has just joined makes each tick dearer at once (a moving average of past ticks
+    lagged, and Retry-After came out at a third of the wait)."""
+    engine, seen = _engine(LOADED, max_rows_per_forward=8, max_rows_in_flight=8,
+                           max_queued_jobs=1)  # fmt: skip
+    engine.submit(job(8, steps=10, seed=1))
+    engine.tick()  # 8 rows in flight: 4 forwards of 2 rows a tick
+    engine.forward_seconds = 1.0
+    engine.submit(job(1, steps=2, seed=2))  # the queue's one place
+    with pytest.raises(EngineFull) as full:
+        engine.submit(job(1, steps=2, seed=3))
+    start, queued = seen.calls, engine.queued_jobs
+    while engine.queued_jobs == queued:
+        engine.tick()
+    waited = seen.calls - start  # forwards until the queued job started
+    assert waited <= full.value.retry_after <= waited + 4, (full.value.retry_after, waited)

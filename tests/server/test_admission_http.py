@@ -1,0 +1,85 @@
+"""Real uvicorn (``sedd serve``): cost admission counts the work already admitted. Requests that
+could each finish alone, but not behind the ones admitted before them, get an immediate 429
+with a Retry-After; none is admitted only to end in a 504, and a 1-cell request sent behind
+them is answered within its own deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from server_client import free_port
+
+DEADLINE_S = 12.0
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """``sedd serve`` on the bundled model: 4 rows a step and 4 rows in flight."""
+    port = free_port()
+    argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
+            "--device", "cpu", "--max-rows-per-forward", "4", "--max-rows-in-flight", "4",
+            "--max-steps", "1000", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "sedd serve exited"
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    yield base
+    proc.terminate()
+    proc.wait(30)
+
+
+def _steps_for(url: str, seconds: float) -> int:
+    """Steps of a 4-cell request that take about ``seconds`` alone on this machine now."""
+    start = time.monotonic()
+    response = httpx.post(f"{url}/generate", json={"num_cells": 4, "steps": 20}, timeout=60)
+    assert response.status_code == 200, response.text
+    per_step = (time.monotonic() - start) / 21
+    return max(20, min(999, int(seconds / per_step) - 1))
+
+
+def test_requests_that_fit_alone_but_not_behind_admitted_work_get_429_at_once(url: str) -> None:
+    steps = _steps_for(url, 0.6 * DEADLINE_S)
+    big = {"num_cells": 4, "steps": steps, "timeout_s": DEADLINE_S}
+
+    async def load() -> tuple[list[tuple[httpx.Response, float]], httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
+            async def timed(body: dict) -> tuple[httpx.Response, float]:
+                start = time.monotonic()
+                response = await client.post("/generate", json=body)
+                return response, time.monotonic() - start
+
+            first = asyncio.ensure_future(timed({**big, "seed": 0}))
+            await asyncio.sleep(0.5)  # admitted and running: it holds all 4 rows in flight
+            others = [asyncio.ensure_future(timed({**big, "seed": i})) for i in (1, 2, 3)]
+            await asyncio.sleep(0.5)
+            start = time.monotonic()
+            small = await client.post("/generate", json={"num_cells": 1, "steps": 10,
+                                                         "timeout_s": DEADLINE_S})  # fmt: skip
+            took = time.monotonic() - start
+            return [await first, *await asyncio.gather(*others)], small, took
+
+    bigs, small, took = asyncio.run(load())
+    (first, _), rest = bigs[0], bigs[1:]
+    assert first.status_code == 200, first.text
+    for response, seconds in rest:  # each fits alone (0.6 of its deadline), not behind the first
+        assert response.status_code == 429, response.text
+        assert seconds < 2.0, seconds  # refused at once, not held to a 504
+        assert int(response.headers["retry-after"]) >= 1
+        detail = response.json()["detail"]
+        assert detail.startswith("the requests already admitted would keep this one past")
+    # it waits for the first one's rows, then runs its 11 ticks: inside its own deadline
+    assert small.status_code == 200, small.text
+    assert took < DEADLINE_S
