@@ -2,7 +2,8 @@
 
 ``LimitedRoute`` checks the declared ``Content-Length`` first, then counts bytes as the body
 streams in (a chunked upload declares no length) and stops reading at ``max_body_bytes``; an
-upload that stalls past ``body_timeout_s`` is answered 408 and dropped. A JSON body is then parsed
+upload that stalls past ``body_timeout_s`` is answered 408 and dropped; one whose client hangs up
+is logged in one line and counted as cancelled (499, never sent). A JSON body is then parsed
 by ``server.jsonbody`` (duplicate keys, lone surrogates, deep nesting and huge numbers are 422s
 naming the place) and handed to FastAPI already parsed. Errors raised here reach the app's one
 mapping.
@@ -11,27 +12,31 @@ mapping.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from fastapi.routing import APIRoute
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from server.errors import BodyTimeout, BodyTooLarge
+from server.errors import BodyTimeout, BodyTooLarge, ClientDisconnected
 from server.jsonbody import parse_json_body
+
+log = logging.getLogger("sedd.server")
 
 
 class BoundedRequest(Request):
-    """A request whose body stream stops with ``BodyTooLarge`` past ``limit`` bytes."""
+    """A request whose body stream stops with ``BodyTooLarge`` past ``limit`` bytes; ``seen``
+    counts the bytes read."""
 
     limit: int = 0
+    seen: int = 0
 
     async def stream(self) -> AsyncGenerator[bytes, None]:
-        seen = 0
         async for chunk in super().stream():
-            seen += len(chunk)
-            if seen > self.limit:
-                raise BodyTooLarge(self.limit, seen)
+            self.seen += len(chunk)
+            if self.seen > self.limit:
+                raise BodyTooLarge(self.limit, self.seen)
             yield chunk
 
 
@@ -42,6 +47,19 @@ def _is_json(content_type: str | None) -> bool:
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (
         media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _hung_up(request: BoundedRequest) -> None:
+    """The one log line of an upload its client abandoned (no traceback: nothing failed)."""
+    declared = request.headers.get("content-length")
+    of = f" of {declared}" if declared is not None and declared.isdigit() else ""
+    log.info(
+        "%s %s: the client hung up mid-upload after %d%s bytes; nothing was run",
+        request.method,
+        request.url.path,
+        request.seen,
+        of,
     )
 
 
@@ -64,6 +82,9 @@ class LimitedRoute(APIRoute):
                     body = await bounded.body()
             except TimeoutError:
                 raise BodyTimeout(timeout) from None
+            except ClientDisconnect:
+                _hung_up(bounded)
+                raise ClientDisconnected("the client hung up before its body arrived") from None
             if body and _is_json(request.headers.get("content-type")):
                 bounded._json = parse_json_body(body)  # Request.json() returns this
             return await handler(bounded)
