@@ -3,81 +3,285 @@
 * **a header timeout**: a connection must send a complete request head within
   ``header_timeout_s`` of connecting (or of its last response); else it gets a JSON 408 and is
   closed. uvicorn alone waits forever for a head that never completes (its keep-alive timer only
-  runs between requests, and any byte cancels it), so a few hundred connections sending a request
-  line, or nothing, would hold sockets and memory indefinitely;
-* **JSON protocol errors**: a request h11 cannot parse (a NUL in a header, Transfer-Encoding with
-  Content-Length, a bad Content-Length) gets ``{"detail": ...}`` with its 400, like every other
-  error of the service, instead of uvicorn's plain text.
+  runs between requests, and any byte cancels it);
+* **a body deadline**: a request body must have arrived ``body_timeout_s`` (plus
+  ``BODY_GRACE_S``) after its head, however slowly it drips; the route's own JSON 408
+  (``server.limits``) normally comes first, and this closes a connection whose body nothing reads;
+* **early answers close the connection**: a response sent before its request's body has arrived
+  (a 401, 404, 405, 408 or 413 answered from the head) says ``Connection: close``, and the
+  connection is closed: the rest of the body is read and dropped for ``LINGER_S`` at most, so the
+  client reads the answer rather than a reset, then the socket is closed. uvicorn alone keeps
+  such a connection open for as long as the client sends a body byte every few seconds;
+* **a connection cap** (``max_connections``): the first ``max_connections`` connections are
+  admitted; a request on any connection past them gets a JSON 503 with ``Retry-After`` and the
+  connection is closed. A connection frees its place when it closes or starts its lingering
+  close. (uvicorn's ``limit_concurrency`` refused every request, in plain text, while the count of
+  connections, the refused ones included, was at the cap.);
+* **JSON protocol errors**: a request h11 cannot parse (a NUL in a header, a bad
+  Content-Length), and one with both Content-Length and Transfer-Encoding (RFC 9112 section 6.3;
+  h11 alone takes the chunked body), gets ``{"detail": ...}`` with its 400 and is closed;
+* **no WebSocket**: the service has no WebSocket route, so an ``Upgrade`` header is ignored
+  (RFC 9110 section 7.8) and the request answered over HTTP/1.1 like any other, in JSON (uvicorn
+  would hand it to a WebSocket protocol that refuses it with a plain-text 403).
 
-Idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive`` (5 s), and the
-number of connections is capped by uvicorn's ``limit_concurrency`` (``SEDD_MAX_CONNECTIONS``);
-past it uvicorn answers 503 itself, the one plain-text answer left (it is written before any
-request is parsed).
+Idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive`` (5 s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from typing import Any, ClassVar
 
 import h11
+from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
+log = logging.getLogger("sedd.server")
+LINGER_S = 2.0  # after an early answer: the most time the rest of its body is read and dropped
+BODY_GRACE_S = 1.0  # the route's own body timeout answers first
+RETRY_FULL_S = 1  # Retry-After of a connection refused at the cap
 HEAD_TIMEOUT_DETAIL = (
     "the request head did not arrive within {s:g} s (header_timeout_s); send the request line "
     "and headers without pausing"
 )
+BODY_TIMEOUT_DETAIL = (
+    "the request body did not arrive within body_timeout_s={s:g} s; send it without pauses."
+)
+FULL_DETAIL = (
+    "the server has max_connections={cap} connections open; retry after {s} s, or reuse an "
+    "open connection."
+)
+BOTH_LENGTHS = (
+    "a request may not carry both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)"
+)
 
 
-def _json_response(status: int, reason: str, detail: str) -> bytes:
+def _json_response(status: int, reason: str, detail: str, *headers: str) -> bytes:
     body = json.dumps({"detail": detail}).encode()
+    extra = "".join(f"{header}\r\n" for header in headers)
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the header timeout and JSON 400s above (``header_timeout_s``
-    is set on a subclass by ``server.serve.serve``)."""
+def _framed_twice(request: h11.Request) -> bool:
+    """Whether the request declares both a Content-Length and a Transfer-Encoding."""
+    names = {name for name, _ in request.headers}
+    return b"content-length" in names and b"transfer-encoding" in names
 
-    header_timeout_s = 10.0
+
+def _closing(response: h11.Response) -> h11.Response:
+    """``response`` with ``Connection: close`` (and no other Connection header)."""
+    headers = [(name, value) for name, value in response.headers if name != b"connection"]
+    return h11.Response(
+        status_code=response.status_code,
+        headers=[*headers, (b"connection", b"close")],
+        reason=response.reason,
+        http_version=response.http_version,
+    )
+
+
+class StrictConnection(h11.Connection):
+    """h11's server side, stricter: a request with both Content-Length and Transfer-Encoding is a
+    protocol error (``problem`` says why), and a response sent while the client is still sending
+    its body says ``Connection: close``."""
+
+    problem: str | None = None
+
+    def next_event(self) -> Any:
+        event = super().next_event()
+        if isinstance(event, h11.Request) and _framed_twice(event):
+            self.problem = BOTH_LENGTHS
+            raise h11.RemoteProtocolError(BOTH_LENGTHS)
+        return event
+
+    def send(self, event: Any) -> bytes | None:
+        if isinstance(event, h11.Response) and self.their_state is h11.SEND_BODY:
+            event = _closing(event)
+        return super().send(event)
+
+
+class SoftClosingTransport:
+    """A connection's transport as uvicorn's code sees it: ``close`` goes through the protocol,
+    which lingers when the client is still sending a body; while it lingers the transport says it
+    is closing and drops writes. Everything else is the transport's own."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: TimedH11Protocol) -> None:
+        self._transport, self._protocol = transport, protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_softly()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._protocol.lingering:
+            self._transport.write(data)
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the timeouts, closes, cap and JSON answers above (one server's
+    limits are set on a subclass by ``configured``)."""
+
+    header_timeout_s: ClassVar[float] = 10.0
+    body_timeout_s: ClassVar[float] = 30.0
+    max_connections: ClassVar[int | None] = None
+    admitted: ClassVar[set[TimedH11Protocol]] = set()  # the connections within the cap
+
+    @classmethod
+    def configured(
+        cls, *, header_timeout_s: float, body_timeout_s: float, max_connections: int | None
+    ) -> type[TimedH11Protocol]:
+        """This protocol with these limits, counting its connections on its own (one server)."""
+        limits = {
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "max_connections": max_connections,
+            "admitted": set(),
+        }
+        return type("Protocol", (cls,), limits)
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        size = config.h11_max_incomplete_event_size
+        self.conn = StrictConnection(h11.SERVER, *(() if size is None else (size,)))
+
+    # asyncio's protocol interface
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._head_timer: asyncio.TimerHandle | None = None
-        super().connection_made(transport)
-        self._arm()
+        self.lingering, self._admitted = False, False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timing: str | None = None  # what the timer times: "head", "body" or "linger"
+        self._raw = transport
+        super().connection_made(SoftClosingTransport(transport, self))  # type: ignore[arg-type]
+        self._admit()
+        self._time_request()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # the rest of an answered request: dropped
+        if not self._admit():
+            self._refuse()
+            return
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:  # the next head is not complete yet
-            self._arm()
-        else:
-            self._disarm()
+        self._time_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._stop_timer()
+        self.admitted.discard(self)
         super().connection_lost(exc)
 
+    # uvicorn's hooks
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.lingering:
+            self._time_request()  # a pipelined request may be under way
+
     def send_400_response(self, msg: str) -> None:
-        detail = f"the request is not valid HTTP/1.1 ({msg.rstrip('.')}); nothing was run"
-        self.transport.write(_json_response(400, "Bad Request", detail))
-        self.transport.close()
+        problem = self.conn.problem or msg.rstrip(".")
+        detail = f"the request is not valid HTTP/1.1 ({problem}); nothing was run"
+        self._raw.write(_json_response(400, "Bad Request", detail))
+        self._linger()
 
-    def _arm(self) -> None:
-        if self._head_timer is None and not self.transport.is_closing():
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._expire)
+    def _should_upgrade(self) -> bool:
+        return False  # no WebSocket route: the request is answered as plain HTTP
 
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    # closing
 
-    def _expire(self) -> None:
-        self._head_timer = None
+    def close_softly(self) -> None:
+        """Close the connection; linger first if the client is still sending a body."""
+        busy = self.conn.their_state is h11.SEND_BODY
+        if busy and not self.lingering and not self._raw.is_closing():
+            self._linger()
+        else:
+            self._raw.close()
+
+    def _linger(self) -> None:
+        """Stop answering: send what is written and a FIN, drop what the client still sends for
+        ``LINGER_S`` at most (or until it closes), then close the socket."""
+        self.lingering = True
+        self.admitted.discard(self)
+        if self._raw.is_closing() or not self._raw.can_write_eof():
+            self._raw.close()
+            return
+        self._raw.write_eof()
+        self._raw.resume_reading()
+        self._start_timer("linger", LINGER_S, self._raw.abort)
+
+    # the connection cap
+
+    def _admit(self) -> bool:
+        """Whether this connection is within the cap (taking a place if one is free)."""
+        cap = self.max_connections
+        if not self._admitted and (cap is None or len(self.admitted) < cap):
+            self.admitted.add(self)
+            self._admitted = True
+        return self._admitted
+
+    def _refuse(self) -> None:
+        log.warning("refused a request: max_connections=%d connections open", self.max_connections)
+        detail = FULL_DETAIL.format(cap=self.max_connections, s=RETRY_FULL_S)
+        answer = _json_response(503, "Service Unavailable", detail, f"retry-after: {RETRY_FULL_S}")
+        self._raw.write(answer)
+        self._linger()
+
+    # the head and body timers
+
+    def _time_request(self) -> None:
+        """Time the head or the body the connection is waiting for, or nothing."""
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            self._start_timer("head", self.header_timeout_s, self._head_expired)
+        elif state is h11.SEND_BODY:
+            self._start_timer("body", self.body_timeout_s + BODY_GRACE_S, self._body_expired)
+        else:
+            self._stop_timer()
+
+    def _start_timer(self, timing: str, delay: float, callback: Any) -> None:
+        """Run ``callback`` in ``delay`` s, unless the timer already times the same thing."""
+        if self._timing == timing or self._raw.is_closing():
+            return
+        self._stop_timer()
+        self._timer, self._timing = self.loop.call_later(delay, callback), timing
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timing = None, None
+
+    def _head_expired(self) -> None:
+        self._timer, self._timing = None, None
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return  # a request is under way: its own limits apply
         detail = HEAD_TIMEOUT_DETAIL.format(s=self.header_timeout_s)
-        self.transport.write(_json_response(408, "Request Timeout", detail))
-        self.transport.close()
+        self._raw.write(_json_response(408, "Request Timeout", detail))
+        self._raw.close()
+
+    def _body_expired(self) -> None:
+        self._timer, self._timing = None, None
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            return
+        log.warning("closed a connection: its request body took over %g s", self.body_timeout_s)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:  # the app's answer is dropped
+            cycle.disconnected = True
+            cycle.message_event.set()
+            detail = BODY_TIMEOUT_DETAIL.format(s=self.body_timeout_s)
+            self._raw.write(_json_response(408, "Request Timeout", detail))
+        self._linger()

@@ -115,10 +115,12 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app: FastAPI, settings: Settings) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then drain as described above. Connections speak
-    ``server.protocol.TimedH11Protocol`` (a header timeout, JSON 400s), at most
-    ``max_connections`` at once."""
-    protocol = type(
-        "Protocol", (TimedH11Protocol,), {"header_timeout_s": settings.header_timeout_s}
+    ``server.protocol.TimedH11Protocol`` (header and body timeouts, early answers closed, JSON
+    400s and 503s, no WebSocket), ``max_connections`` of them admitted at once."""
+    protocol = TimedH11Protocol.configured(
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_connections=settings.max_connections,
     )
     config = uvicorn.Config(
         app,
@@ -126,7 +128,7 @@ def serve(app: FastAPI, settings: Settings) -> None:
         port=settings.port,
         log_level=settings.log_level,
         http=protocol,
-        limit_concurrency=settings.max_connections,
+        ws="none",  # no WebSocket route: an Upgrade header is ignored (server.protocol)
         timeout_graceful_shutdown=EXIT_GRACE_S,
     )
     DrainingServer(config, app).run()
