@@ -18,6 +18,7 @@ Admission, fixed row blocks and faults: the package docstring (``sedd.engine``).
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from collections import deque
@@ -41,6 +42,7 @@ from sedd.engine.jobs import (
     JobProgress,
     JobResult,
     JobTimeout,
+    outcome_of,
     validate_job,
 )
 from sedd.engine.rows import JobState, RowBlock
@@ -49,12 +51,6 @@ from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
 log = logging.getLogger(__name__)
-
-
-def _outcome(err: Exception | None) -> str:
-    """How a job ended, for observers and metrics."""
-    kinds = ((JobCancelled, "cancelled"), (JobTimeout, "timeout"))
-    return "ok" if err is None else next((k for t, k in kinds if isinstance(err, t)), "error")
 
 
 class Engine:
@@ -112,7 +108,8 @@ class Engine:
         self._accepting, self._abort = True, False
         self._thread: threading.Thread | None = None
         self._next_id = 0
-        self.forward_seconds: float | None = None  # moving average of one forward (a block)
+        self.forward_seconds: float | None = None  # one forward (a block), ``_time``
+        self._forwards: deque[float] = deque(maxlen=9)
         self.last_tick_monotonic: float | None = None  # when the last tick ended
         self.tick_started_monotonic: float | None = None  # when the last (or current) began
         self._stepper = Stepper(sampler, self._finish, self._observe)
@@ -177,16 +174,18 @@ class Engine:
         return sum(blk.rows for blk in blocks)
 
     def _time(self, seconds: float, calls: int) -> None:
-        """Moving average of one forward (a tick over its forwards): what the estimates of
-        admission and Retry-After price a tick at (``workload``)."""
+        """One forward's time (a busy tick over its forwards), the median of the last ticks:
+        what admission and Retry-After price a tick at (``workload``). A few ticks slowed by
+        other work in the process (a large body parsed) do not move it."""
         if calls:
-            each, last = seconds / calls, self.forward_seconds
-            self.forward_seconds = each if last is None else 0.8 * last + 0.2 * each
+            self._forwards.append(seconds / calls)
+            self.forward_seconds = statistics.median(self._forwards)
 
     def restart_timing(self) -> None:
         """Forget the measured forward time; the next busy ticks set it afresh. For a warm-up:
         its first ticks are cold and would overstate it for many ticks."""
         self.forward_seconds = None
+        self._forwards.clear()
 
     def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
         ended: list[tuple[JobState, Exception]] = []
@@ -249,7 +248,7 @@ class Engine:
         st.done = True
         with self._lock:
             self._remove_locked(st)
-        outcome = _outcome(err)
+        outcome = outcome_of(err)
         # Observe first: whoever waits on the future must find the job already counted.
         self._observe("on_job_done", st.job, result, outcome)
         try:

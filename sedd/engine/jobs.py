@@ -91,6 +91,12 @@ class JobCancelled(Exception):
     """The job was cancelled (through its handle, or by a stop without drain)."""
 
 
+def outcome_of(err: Exception | None) -> str:
+    """How a job ended, for observers and metrics: ok, cancelled, timeout or error."""
+    kinds = ((JobCancelled, "cancelled"), (JobTimeout, "timeout"))
+    return "ok" if err is None else next((k for t, k in kinds if isinstance(err, t)), "error")
+
+
 class InvalidTokensError(RuntimeError):
     """A finished job still holds mask or out-of-range tokens, so it is never returned."""
 

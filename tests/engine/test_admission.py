@@ -4,6 +4,7 @@ when a new job ends behind the work already admitted, and how long a full queue 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,28 @@ def test_retry_after_prices_a_job_that_just_joined_at_once():
         engine.tick()
     waited = seen.calls - start  # forwards until the queued job started
     assert waited <= full.value.retry_after <= waited + 4, (full.value.retry_after, waited)
+
+
+def test_a_few_slow_ticks_do_not_move_the_forward_time_admission_prices_with():
+    """Ticks slowed by other work in the process (the event loop parsing a large body took the
+    GIL: a 24 ms forward read as 283 ms, and requests that would finish were refused) move the
+    median forward time little; a lasting change moves it within a few ticks."""
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=4)
+    slow = {"on": False}
+    hook = LOADED.model.register_forward_pre_hook(
+        lambda *_: time.sleep(0.3) if slow["on"] else None
+    )
+    try:
+        engine.submit(job(4, steps=30, seed=1))
+        for _ in range(9):
+            engine.tick()
+        fast = engine.forward_seconds
+        slow["on"] = True
+        for _ in range(2):
+            engine.tick()
+        assert engine.forward_seconds < fast + 0.05 < 0.3, (fast, engine.forward_seconds)
+        for _ in range(5):
+            engine.tick()
+        assert engine.forward_seconds >= 0.3  # most of the last ticks were slow: it moved
+    finally:
+        hook.remove()
