@@ -13,7 +13,9 @@ import difflib
 import errno
 import importlib
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
@@ -134,11 +136,18 @@ def _fault(exc: BaseException) -> tuple[int, str] | None:
             )
         case OSError() if exc.errno is None:  # ours (a missing model, ...): says what to do
             return EXIT_INPUT, str(exc)
-        case OSError() if exc.errno == errno.ENOSPC:
+        case OSError() if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f"{exc.filename}: " if exc.filename else ""
             return EXIT_OS, (
                 f"{where}{exc.strerror or exc}; nothing was written there. Free some space, or "
                 "write to another disk"
+            )
+        case OSError() if exc.errno == errno.EFBIG:
+            where = f"{exc.filename}: " if exc.filename else ""
+            return EXIT_OS, (
+                f"{where}{exc.strerror or exc}; nothing was written there. The file outgrew "
+                "the file-size limit (`ulimit -f`) or the filesystem's largest file: raise the "
+                "limit, or write to another disk"
             )
         case OSError() if exc.filename is not None:
             what = exc.strerror or str(exc)
@@ -161,14 +170,33 @@ def _print_warning(message: Warning | str, *_: object, **__: object) -> None:
     tqdm.write(f"warning: {message}", file=sys.stderr)
 
 
+def _ignore_file_size_signal() -> None:
+    """Past a file-size limit (``ulimit -f``) a write then fails with EFBIG, which the writer
+    reports, instead of SIGXFSZ ending the process (Python ignores it already, unless an
+    embedding program changed that). Signals are set from the main thread only."""
+    if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the command; one that fails removes the directories it made and left empty."""
+    from sedd.io.files import NewDirectories
+
+    with warnings.catch_warnings(), NewDirectories() as new_directories:
+        warnings.simplefilter("default", UserWarning)  # each distinct warning once a run
+        warnings.showwarning = _print_warning
+        code = int(args.func(args) or 0)
+        if code != 0:
+            new_directories.remove_empty()
+        return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     debug = args.debug or os.environ.get("SEDD_DEBUG", "") not in ("", "0")
+    _ignore_file_size_signal()
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("default", UserWarning)  # each distinct warning once a run
-            warnings.showwarning = _print_warning
-            return int(args.func(args) or 0)
+        return _run(args)
     except KeyboardInterrupt:
         print(f"sedd {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

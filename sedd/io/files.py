@@ -12,6 +12,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def check_writable(path: Path) -> Path:
             "exists and is not a regular file (a device, socket or pipe): pass a file name",
             str(path),
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(path)
     probe = temporary_name(path)
     try:  # os.access says yes to root even on read-only filesystems: try for real
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
@@ -50,10 +51,55 @@ def check_writable(path: Path) -> Path:
     return path
 
 
+_MADE: ContextVar[list[Path] | None] = ContextVar("sedd_made_directories", default=None)
+
+
+def make_parents(path: Path) -> None:
+    """Create the missing directories above ``path``; inside ``NewDirectories`` each one made
+    here is noted, so that a run that fails can remove those it left empty."""
+    missing = []
+    for directory in (path.parent, *path.parent.parents):
+        if directory.is_dir():
+            break
+        missing.append(directory)
+    made = _MADE.get()
+    for directory in reversed(missing):  # the outermost first
+        try:
+            directory.mkdir()
+        except FileExistsError:  # made by another process meanwhile, or not a directory
+            continue
+        if made is not None:
+            made.append(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the usual error, where one is in the way
+
+
+class NewDirectories:
+    """The directories ``make_parents`` makes while this context is active (a CLI command):
+    ``remove_empty()`` removes those left empty, the innermost first, and so does leaving the
+    context with an error. A directory that was there before is never removed."""
+
+    def __init__(self) -> None:
+        self.made: list[Path] = []
+
+    def __enter__(self) -> NewDirectories:
+        self._token = _MADE.set(self.made)
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        _MADE.reset(self._token)
+        if exc_type is not None:
+            self.remove_empty()
+
+    def remove_empty(self) -> None:
+        for directory in reversed(self.made):
+            with contextlib.suppress(OSError):  # not empty: something is in it, keep it
+                directory.rmdir()
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary name beside ``path``, then rename it into place, with the
     mode an ordinary new file gets (0644 under the usual umask 022)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(path)
     with temporary_beside(path) as tmp:
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -61,7 +107,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON to a temporary name beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(path)
     with temporary_beside(path) as tmp:
         tmp.write_text(json.dumps(_finite(obj), indent=2, default=str) + "\n")
         os.replace(tmp, path)

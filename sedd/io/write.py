@@ -8,12 +8,13 @@ shard jobs and the server write (the same object, so the two never drift apart).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.metadata
 import os
 import platform
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +27,7 @@ import scipy.sparse as sp
 import torch
 from anndata.io import sparse_dataset, write_elem
 
-from sedd.io.files import temporary_name
+from sedd.io.files import make_parents, temporary_name
 from sedd.io.read import as_counts, require_unique
 
 CountDtype = Literal["int", "float32"]
@@ -89,7 +90,7 @@ def write_h5ad_atomic(
     compression: Literal["gzip", "lzf"] | None = "gzip",
 ) -> None:
     """``adata.write_h5ad`` to a temporary name beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parents(path)
     # a unique name in the same directory (os.replace must not cross filesystems); h5py creates
     # it, so the file gets the usual umask permissions
     tmp = temporary_name(path)
@@ -242,12 +243,101 @@ _FLUSH_NNZ = 1 << 19  # counts buffered before one append (4 MiB of int32 data +
 _SPACE_MARGIN = 2 * 2**20  # HDF5's metadata, chunk rewrites and the close
 
 
+class _TemporaryFile:
+    """The temporary file as HDF5 writes it (h5py's ``fileobj`` driver), so that HDF5 never
+    meets a write the OS refuses: after one (a full disk, a file-size limit), HDF5 can end the
+    process with a segfault at its next step instead of raising.
+
+    The first refused write is kept in ``error`` and every later write is dropped; the writer
+    checks ``error`` after each step and then discards the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.error: OSError | None = None
+        self._position = 0
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_CUR:
+            offset += self._position
+        elif whence == os.SEEK_END:
+            offset += os.fstat(self._open()).st_size
+        self._position = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Read at the position; past the end of the file, zeros (as HDF5's own driver)."""
+        view = memoryview(buffer).cast("B")
+        done = os.preadv(self._open(), [view], self._position)
+        view[done:] = bytes(len(view) - done)
+        self._position += len(view)
+        return len(view)
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            size = os.fstat(self._open()).st_size - self._position
+        data = os.pread(self._open(), size, self._position)
+        self._position += len(data)
+        return data
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Write all of ``data`` at the position; a refused write is kept in ``error``, and
+        HDF5 is told it was written."""
+        view = memoryview(data).cast("B")
+        self._attempt(lambda: self._write_all(view, self._position))
+        self._position += len(view)
+        return len(view)
+
+    def truncate(self, size: int) -> int:
+        self._attempt(lambda: os.ftruncate(self._open(), size))
+        return size
+
+    def flush(self) -> None:
+        """Nothing is buffered here: each write went to the OS."""
+
+    def close(self) -> None:
+        """Free the descriptor (even after a refused write); an error closing is kept."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.close(fd)
+        except OSError as err:
+            self.error = self.error or err
+
+    def _write_all(self, view: memoryview, offset: int) -> None:
+        """``pwrite`` until all of ``view`` is written (the OS may write part of it a call)."""
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._open(), view[done:], offset + done)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            raise ValueError("the temporary file is closed.")
+        return self._fd
+
+    def _attempt(self, operation: Callable[[], object]) -> None:
+        """Run ``operation`` unless a write was refused already; keep the ``OSError`` it
+        raises instead of raising it."""
+        if self.error is not None:
+            return
+        try:
+            operation()
+        except OSError as err:
+            self.error = err
+
+
 class CellWriter:
     """Cells written to one .h5ad as they come, so a run of any size holds one batch at a time.
 
     ``X`` is CSR on disk and grows with each ``add`` (anndata's ``sparse_dataset(...).append``);
     ``finish(obs, uns)`` writes the annotations and renames the temporary file into place, so
     the path never holds half a file. Use as a context manager: an error removes the temp file.
+    A write the OS refuses (a full disk, a file-size limit) raises ``OSError`` naming ``path``
+    at the step it happens in, and the temporary file is removed.
     """
 
     def __init__(
@@ -265,13 +355,19 @@ class CellWriter:
         self.cells = 0
         self._buffer: list[sp.csr_matrix] = []  # batches not yet written (at most _FLUSH_NNZ)
         self._buffered_nnz = 0
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_parents(self.path)
         self._tmp = temporary_name(self.path)
         self._ensure_space(0)  # before any sampling: a full disk is refused at once
-        self._file = h5py.File(self._tmp, "w")
-        self._file.attrs["encoding-type"] = "anndata"
-        self._file.attrs["encoding-version"] = "0.1.0"
-        write_elem(self._file, "var", _var_frame(self.genes, var))
+        self._sink = _TemporaryFile(self._tmp)
+        try:
+            self._file = h5py.File(self._sink, "w")
+            with self._checked():
+                self._file.attrs["encoding-type"] = "anndata"
+                self._file.attrs["encoding-version"] = "0.1.0"
+                write_elem(self._file, "var", _var_frame(self.genes, var))
+        except BaseException:
+            self.abort()
+            raise
 
     def __enter__(self) -> CellWriter:
         return self
@@ -288,7 +384,8 @@ class CellWriter:
         self._buffered_nnz += csr.nnz
         self.cells += csr.shape[0]
         if self._buffered_nnz >= _FLUSH_NNZ:
-            self._flush()
+            with self._checked():
+                self._flush()
 
     def _flush(self) -> None:
         """Write the buffered batches as one append: appends to a compressed dataset rewrite
@@ -313,19 +410,37 @@ class CellWriter:
 
     def finish(self, obs: pd.DataFrame | Mapping[str, Any], uns: Mapping[str, Any]) -> Path:
         """Write ``obs`` (one row per cell added) and ``uns``, close and rename into place."""
-        self._flush()
-        frame = _obs_frame(obs, n_cells=self.cells)
-        self._ensure_space(int(frame.memory_usage(deep=True).sum()))
-        write_elem(self._file, "obs", frame)
-        write_elem(self._file, "uns", _writable_uns(dict(uns)))
-        self._file.close()
+        with self._checked():
+            self._flush()
+            frame = _obs_frame(obs, n_cells=self.cells)
+            self._ensure_space(int(frame.memory_usage(deep=True).sum()))
+            write_elem(self._file, "obs", frame)
+            write_elem(self._file, "uns", _writable_uns(dict(uns)))
+            self._file.close()  # HDF5 writes what it still holds: checked before the rename
+            self._sink.close()
         os.replace(self._tmp, self.path)
         return self.path
 
+    @contextlib.contextmanager
+    def _checked(self) -> Iterator[None]:
+        """Raise a write the OS refused in the block as ``OSError`` naming ``path``, in place of
+        whatever HDF5 made of the writes dropped after it."""
+        try:
+            yield
+        except Exception as exc:
+            if self._sink.error is None:
+                raise
+            raise self._write_failed(self._sink.error) from exc
+        if self._sink.error is not None:
+            raise self._write_failed(self._sink.error)
+
+    def _write_failed(self, err: OSError) -> OSError:
+        return OSError(err.errno, f"{err.strerror or err} while writing the cells", str(self.path))
+
     def _ensure_space(self, needed: int) -> None:
         """Refuse (``OSError`` ENOSPC, naming the directory) to write ``needed`` bytes, plus
-        room for the file's own metadata, where the disk has less free: HDF5 meeting a full
-        disk mid-write can end the process instead of raising."""
+        room for the file's own metadata, where the disk has less free: a full disk is then
+        found before the work, not after it (one that fills later is ``_TemporaryFile``'s)."""
         free = shutil.disk_usage(self._tmp.parent).free
         if free < needed + _SPACE_MARGIN:
             raise OSError(
@@ -337,6 +452,12 @@ class CellWriter:
 
     def abort(self) -> None:
         """Close and remove the temporary file (nothing at ``path`` changes)."""
-        if self._file.id.valid:
-            self._file.close()
-        self._tmp.unlink(missing_ok=True)
+        try:
+            file = getattr(self, "_file", None)
+            if file is not None and file.id.valid:
+                # the file is discarded: the error that brought us here is the one to report
+                with contextlib.suppress(Exception):
+                    file.close()
+        finally:
+            self._sink.close()
+            self._tmp.unlink(missing_ok=True)

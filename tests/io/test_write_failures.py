@@ -1,0 +1,142 @@
+"""A write that fails half-way (a file-size limit, a disk that fills after the free-space check)
+ends ``sedd generate`` with exit 3 and one line naming the file and the cause; nothing is left
+behind: no temporary file, no partial output, no empty directory the run created for ``--out``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from checkpoint_files import ST3
+
+from sedd.cli import main
+
+TINY = str(ST3 / "tiny_mlm")
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
+
+
+def _generate(out: Path, cells: int = 200) -> list[str]:
+    """``sedd generate`` of the tiny st3 model: 200 cells make a file of about 40 kB."""
+    return ["generate", "--model", TINY, "--num-cells", str(cells), "--steps", "2",
+            "--device", "cpu", "--precision", "fp32", "--out", str(out)]  # fmt: skip
+
+
+def _cli(
+    argv: list[str], preexec_fn: Callable[[], None] | None = None, code: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in its own process (``code`` runs first, in that process)."""
+    script = f"{code}\nfrom sedd.cli import main\nraise SystemExit(main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, preexec_fn=preexec_fn)  # fmt: skip
+
+
+def _one_error(stderr: str) -> str:
+    """The one error line (the progress bar and warnings may share stderr); no traceback."""
+    assert "Traceback" not in stderr and "HDF5-DIAG" not in stderr, stderr[-3000:]
+    [line] = [x for x in stderr.splitlines() if " error: " in x]
+    return line[line.index("sedd ") :]  # after the progress bar's last carriage return
+
+
+def test_a_file_size_limit_mid_write_exits_3_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "cells.h5ad"
+
+    def limit() -> None:  # 20 kB: past the free-space check, inside the cells' writing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
+
+    done = _cli(_generate(out), preexec_fn=limit)
+    assert done.returncode == 3, (done.returncode, done.stderr[-3000:])
+    line = _one_error(done.stderr)
+    assert line.startswith(f"sedd generate: error: {out}: File too large"), line
+    assert "nothing was written there" in line and "ulimit -f" in line
+    assert list(tmp_path.iterdir()) == []  # no cells, no temporary, no metrics
+
+
+def _full_after(budget: int) -> Callable[..., int]:
+    """``os.pwrite`` that writes ``budget`` bytes in all, then part of one more call, then
+    fails as a disk that another process filled does."""
+    real, left = os.pwrite, [budget]
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = real(fd, memoryview(data)[: left[0]], offset)
+        left[0] -= written
+        return written
+
+    return pwrite
+
+
+def test_a_disk_that_fills_mid_write_exits_3_and_removes_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cells.h5ad"
+    monkeypatch.setattr(os, "pwrite", _full_after(10_000))
+    assert main(_generate(out)) == 3
+    line = _one_error(capsys.readouterr().err)
+    assert line.startswith(f"sedd generate: error: {out}: No space left on device"), line
+    assert "nothing was written there. Free some space, or write to another disk" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (skipped where none can be mounted: not root, or no permission)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_real_disk_that_fills_after_the_check_exits_3_and_leaves_nothing(
+    small_disk: Path,
+) -> None:
+    """Another process fills the disk after the free-space check: the check is switched off
+    here, so that HDF5 meets the full disk itself."""
+    (small_disk / "filler").write_bytes(b"\0" * (4 * 2**20 - 60_000))
+    out = small_disk / "cells.h5ad"
+    skip_check = "from sedd.io.write import CellWriter\nCellWriter._ensure_space = lambda *_: None"
+    done = _cli(_generate(out, cells=400), code=skip_check)
+    assert done.returncode == 3, (done.returncode, done.stderr[-3000:])
+    line = _one_error(done.stderr)
+    assert line.startswith(f"sedd generate: error: {out}: No space left on device"), line
+    assert [p.name for p in small_disk.iterdir()] == ["filler"]
+
+
+def test_a_directory_made_for_out_is_removed_when_a_refused_run_leaves_it_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from server_models import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "overflow", nan_label="BAD", overflow=True)
+    out = tmp_path / "new" / "deeper" / "cells.h5ad"
+    argv = ["generate", "--model", str(model), "--conditions", "BAD", "--cells", "1", "--steps",
+            "2", "--precision", "fp32", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    assert "No cells were written" in _one_error(capsys.readouterr().err)
+    assert not (tmp_path / "new").exists()  # both directories the run made
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert main([*argv[:-1], str(kept / "cells.h5ad")]) == 2
+    assert kept.is_dir()  # a directory that was there before is not the run's to remove
+
+
+def test_a_directory_made_for_out_is_removed_when_the_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "pwrite", _full_after(10_000))
+    assert main(_generate(tmp_path / "new" / "cells.h5ad")) == 3
+    assert list(tmp_path.iterdir()) == []
