@@ -6,6 +6,7 @@ mid-upload is counted as cancelled and logged in one line."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -13,12 +14,17 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvicorn
 from server_client import free_port
+
+from server.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
 
 KEY = "overload-key"
 CAP = 16
@@ -167,7 +173,7 @@ def test_body_drips_after_an_early_answer_are_closed_and_other_clients_served(
         sock.close()
     assert served_in is not None and served_in < HEADER_TIMEOUT_S
     assert len(closed_after) == CAP, f"{CAP - len(closed_after)} drip connection(s) still open"
-    assert max(closed_after.values()) < 3.0
+    assert max(closed_after.values()) < LINGER_S + 1
     for status, head, body in answers:
         assert head.startswith(b"HTTP/1.1 " + status + b" ") and _is_json(head, body), head
 
@@ -252,3 +258,50 @@ def test_a_client_that_hangs_up_mid_upload_is_cancelled_and_logged_once(server: 
     assert "Traceback" not in log, log
     [line] = [line for line in log.splitlines() if "hung up" in line]
     assert "/generate" in line
+
+
+async def _never_reads(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An app that neither reads a request's body nor answers it."""
+    if scope["type"] == "http":
+        await asyncio.sleep(3600)
+
+
+def test_a_body_nothing_reads_is_cut_at_the_body_deadline() -> None:
+    port, body_timeout_s = free_port(), 1.0
+    protocol = TimedH11Protocol.configured(
+        header_timeout_s=1.0, body_timeout_s=body_timeout_s, max_connections=4
+    )
+    config = uvicorn.Config(_never_reads, port=port, http=protocol, ws="none", lifespan="off",
+                            log_level="critical", timeout_graceful_shutdown=1)  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        start = time.monotonic()
+        sock.sendall(_head(b"POST /anything", 100_000))
+        answer = _drip_until_closed(sock, seconds=10)
+        took = time.monotonic() - start
+    server.should_exit = True
+    thread.join(10)
+    assert body_timeout_s + BODY_GRACE_S - 0.5 < took < body_timeout_s + BODY_GRACE_S + LINGER_S + 1
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 ") and _is_json(head, body), answer
+    assert "body_timeout_s=1 s" in json.loads(body)["detail"]
+
+
+def _drip_until_closed(sock: socket.socket, seconds: float) -> bytes:
+    """Send a body byte every 0.3 s until the server closes; what it sent meanwhile."""
+    answer, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if not select.select([sock], [], [], 0.3)[0]:
+                sock.send(b" ")
+            elif chunk := sock.recv(4096):
+                answer += chunk
+            else:
+                break
+        except OSError:
+            break
+    return answer
