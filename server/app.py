@@ -30,7 +30,7 @@ from sedd.engine import Engine
 from sedd.engine.monitor import Monitor
 from sedd.precision import resolve_precision
 from server.config import Settings
-from server.errors import MAPPED, http_error
+from server.errors import MAPPED, excerpt, http_error
 from server.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.openapi import apply_auth, apply_limits
@@ -127,6 +127,9 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     exc = cast(RequestValidationError, exc)
     fields = _body_fields(request)
     errors = [_suggest({k: v for k, v in e.items() if k != "url"}, fields) for e in exc.errors()]
+    for error in errors:
+        if "input" in error:
+            error["input"] = excerpt(error["input"])
     return JSONResponse({"detail": _jsonable(errors)}, 422)
 
 

@@ -4,6 +4,7 @@ exception handlers (``server.app``) and the event streams both answer through it
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Sequence
@@ -47,10 +48,26 @@ class FieldError(ValueError):
 
     def detail(self) -> list[dict[str, Any]]:
         item: dict[str, Any] = {"type": self.type, "loc": self.loc, "msg": self.msg}
-        item["input"] = self.input
+        item["input"] = excerpt(self.input)
         if self.ctx is not None:
             item["ctx"] = self.ctx
         return [item]
+
+
+EXCERPT_CHARS = 200  # an error's ``input`` echoes at most this much of what was sent
+
+
+def excerpt(value: Any) -> Any:
+    """``value`` as an error's ``input``: as sent when its JSON is short, else the first
+    ``EXCERPT_CHARS`` characters of it, marked as cut. The JSON is written lazily and stops there,
+    so a large body costs nothing to refuse and is never echoed back whole."""
+    text, size = [], 0
+    for chunk in json.JSONEncoder(default=str).iterencode(value):
+        text.append(chunk)
+        size += len(chunk)
+        if size > EXCERPT_CHARS:
+            return "".join(text)[:EXCERPT_CHARS] + f" ... (cut at {EXCERPT_CHARS} characters)"
+    return value
 
 
 class BodyTooLarge(Exception):
