@@ -101,6 +101,11 @@ async def warm_up(service: Service) -> None:
     names = [condition] if loaded.conditional and condition is not None else None
     request = GenerationRequest.of(1, names, None, SamplingOptions.resolve(1, None))
     observer, engine.observer = engine.observer, None  # not a request: not in the metrics
+
+    def tick_under_way() -> bool:
+        started, ended = engine.tick_started_monotonic, engine.last_tick_monotonic
+        return started is not None and (ended is None or ended < started)
+
     try:
         await asyncio.wrap_future(engine.submit(plan(loaded, request).job()).future)  # cold
         engine.restart_timing()  # safe: a job is handed back after its last tick is timed
@@ -108,6 +113,11 @@ async def warm_up(service: Service) -> None:
     except Exception as err:  # a model that fails here fails its requests the same way
         log.warning("warm-up job failed (%s); requests are not cost-checked yet", err)
     finally:
+        # A failed job is handed back inside its tick, which writes its end afterwards: wait
+        # for that end (a second at most: a tick that raised never writes it), then forget.
+        deadline = time.monotonic() + 1.0
+        while tick_under_way() and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
         engine.observer = observer
         engine.last_tick_monotonic = engine.tick_started_monotonic = None  # still never stepped
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anndata
+import httpx
 import jsonschema
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from sedd.engine.monitor import MonitorSnapshot
 from sedd.engine.samplers import EulerSampler
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
+from server.app import create_app, preload
 from server.metrics import ServiceMetrics, monitor_families
 
 pytestmark = pytest.mark.anyio
@@ -58,6 +60,33 @@ async def test_healthz_needs_no_key_and_readyz_reports_an_idle_engine(model_dir:
             "active_rows": 0,
             "seconds_since_step": None,
         }
+
+
+async def test_readyz_reports_a_never_stepped_engine_after_a_warm_up_that_failed(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm-up job that fails is handed back inside its tick, which then writes its end: the
+    warm-up waits for that end before it forgets its ticks (here the tick ends 0.3 s after)."""
+    from sedd.engine.core import Engine
+
+    timed = Engine._time
+
+    def slow_time(engine: Engine, seconds: float, calls: int) -> None:
+        time.sleep(0.3)  # the engine thread, slow between the hand-off and the tick's end
+        timed(engine, seconds, calls)
+
+    def failing(module: torch.nn.Module, args: object) -> None:
+        raise RuntimeError("this forward fails")
+
+    monkeypatch.setattr(Engine, "_time", slow_time)
+    app = create_app(make_settings(model_dir))
+    preload(app).loaded.model.register_forward_pre_hook(failing)
+    async with app.router.lifespan_context(app):
+        await asyncio.sleep(0.5)  # past the failing tick's end
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sedd.test") as client:
+            ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["seconds_since_step"] is None
 
 
 async def test_readyz_tells_an_idle_engine_from_a_stalled_one(model_dir: Path) -> None:
