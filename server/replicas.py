@@ -20,6 +20,11 @@ Sizing:
 - Without ``--ray-address`` a local Ray is started with its object store capped (Ray takes 30%
   of RAM otherwise; requests and responses here are small).
 
+Shutdown drains like one process (``server.serve``): on SIGTERM/SIGINT every replica is told to
+drain (Ray's broadcast), so new requests get the app's JSON 503 with ``Retry-After`` while the
+requests in flight finish for up to ``drain_timeout_s``; then the jobs still running are failed
+with JSON 503s, and Serve (and a Ray started here) shut down. A second signal cuts off at once.
+
 Nothing in this module is imported by a plain ``sedd serve``: Ray is optional.
 """
 
@@ -30,6 +35,7 @@ import math
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import torch
@@ -44,6 +50,9 @@ from server.metrics import merge_replicas
 log = logging.getLogger("sedd.server")
 APP_NAME = "sedd"
 OBJECT_STORE_BYTES = 256 * 2**20  # Ray's minimum is 75 MiB; our payloads are small
+EXIT_GRACE_S = 3.0  # after the drain's cut: time for the cut requests' 503s to be answered
+POLL_S = 0.1  # the drain asks the replicas for their in-flight counts this often
+BROADCAST_TIMEOUT_S = 10.0
 
 
 class RayMissing(RuntimeError):
@@ -73,7 +82,28 @@ def replica_app(settings: Settings, threads: int) -> FastAPI:
 
 
 class SeddReplica:
-    """One replica: the app's lifespan loads the model and starts its engine."""
+    """One replica: the app's lifespan loads the model and starts its engine. ``run`` drains
+    every replica through ``drain`` and ``cut`` (Ray's broadcast), as one process drains."""
+
+    async def drain(self) -> int:
+        """Take no new requests (they get the app's JSON 503 with ``Retry-After``, and
+        ``/readyz`` says not ready); the count of requests still in flight here."""
+        state = _APP[0].state
+        state.draining = True
+        service = getattr(state, "service", None)
+        if service is not None:
+            service.draining = True
+        return _in_flight(state)
+
+    async def cut(self) -> int:
+        """The drain's end: fail the jobs still running (their requests get the app's JSON 503
+        at once); the count of requests still in flight here."""
+        state = _APP[0].state
+        await self.drain()
+        service = getattr(state, "service", None)
+        if service is not None:
+            service.engine.cut()
+        return _in_flight(state)
 
     def metrics_text(self) -> tuple[str, bytes]:
         """(this replica's id, its metrics), for /metrics on any replica."""
@@ -81,6 +111,11 @@ class SeddReplica:
         service = app.state.service
         text = service.metrics.render() if service is not None else b""
         return str(app.state.replica), text
+
+
+def _in_flight(state: Any) -> int:
+    """Requests the app is answering (the guard's count; probes and scrapes excluded)."""
+    return int(getattr(state, "in_flight", 0))
 
 
 class ReplicaHeader:
@@ -139,7 +174,8 @@ def deployment_options(settings: Settings) -> dict[str, Any]:
             "log_level": settings.log_level.upper(),
             "enable_access_log": settings.log_level == "debug",
         },
-        # a replica drains like one process: in-flight requests get drain_timeout_s
+        # `run` drains the replicas first (drain_replicas); this bounds Ray's own wait for a
+        # replica's requests at shutdown, e.g. one it replaces on a redeploy
         "graceful_shutdown_timeout_s": settings.drain_timeout_s,
     }
     if settings.replicas == "auto":
@@ -168,12 +204,13 @@ def application(settings: Settings) -> Any:
 
 def run(settings: Settings) -> None:
     """Start (or join) Ray, deploy the replicas, log the URL, and wait for SIGTERM/SIGINT;
-    then let every replica drain and shut Serve and a Ray we started down."""
+    then drain every replica (``drain_replicas``) and shut Serve and a Ray we started down.
+    A second signal cuts the requests still in flight off at once (exit status 1)."""
     import ray
 
     serve = _serve()
     # Ray's proxy otherwise keeps draining for 30 s at shutdown, waiting for a load balancer
-    # that would still send traffic; ours drain in the replicas (drain_timeout_s).
+    # that would still send traffic; ours drain in the replicas (drain_timeout_s) first.
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")
     # the proxy's own plain-text errors become JSON 503s that say to retry (a local Ray
     # inherits this; a cluster started with `ray start` needs it in its environment)
@@ -187,9 +224,9 @@ def run(settings: Settings) -> None:
         )
     else:
         ray.init(address=settings.ray_address, logging_level=logging.WARNING)
-    stop = threading.Event()
+    signals = Signals()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, signals.received)
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(application(settings), name=APP_NAME, route_prefix="/")
@@ -202,12 +239,58 @@ def run(settings: Settings) -> None:
             settings.port,
         )
         print(f"sedd serve: ready at http://{settings.host}:{settings.port}", flush=True)
-        stop.wait()
-        log.info("shutting down: replicas drain for up to %g s", settings.drain_timeout_s)
+        signals.stop.wait()
+        drain_replicas(settings.drain_timeout_s, signals.cut)
     finally:
         serve.shutdown()
         if started_ray:
             ray.shutdown()
+    if signals.cut.is_set():
+        raise SystemExit(1)
+
+
+class Signals:
+    """SIGTERM/SIGINT seen by ``run``: the first sets ``stop`` (drain), a second ``cut``."""
+
+    def __init__(self) -> None:
+        self.stop, self.cut = threading.Event(), threading.Event()
+
+    def received(self, signum: int, frame: object) -> None:
+        """The signal handler (runs in the main thread, between two bytecodes)."""
+        (self.cut if self.stop.is_set() else self.stop).set()
+
+
+def drain_replicas(timeout_s: float, cut: threading.Event) -> None:
+    """Drain every replica as ``server.serve`` drains one process: each takes no new requests
+    (JSON 503 with ``Retry-After``; Ray's proxy still routes them there), the requests in flight
+    finish for up to ``timeout_s``, then the jobs still running are failed (JSON 503s) and their
+    answers get ``EXIT_GRACE_S``. ``cut`` (a second signal) ends the wait at once."""
+    handle = _serve().get_deployment_handle(APP_NAME, app_name=APP_NAME)
+    busy = _broadcast_count(handle, "drain")
+    log.info("draining: %d request(s) in flight, up to %g s", busy, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while busy > 0 and time.monotonic() < deadline and not cut.wait(POLL_S):
+        busy = _broadcast_count(handle, "drain")  # also drains a replica Ray restarted
+    if busy > 0:  # past the timeout, or a second signal: the jobs still running fail now
+        log.warning("cutting off %d request(s) still in flight", busy)
+        busy = _broadcast_count(handle, "cut")
+        grace = time.monotonic() + EXIT_GRACE_S
+        while busy > 0 and time.monotonic() < grace and not cut.wait(POLL_S):
+            busy = _broadcast_count(handle, "drain")
+    log.info("drained; %d request(s) still open; shutting down", busy)
+
+
+def _broadcast_count(handle: Any, method: str) -> int:
+    """Call ``method`` on every replica; the sum of the counts they answer (a replica that
+    cannot answer, e.g. one that died, counts 0: it has nothing left to finish)."""
+    try:
+        answers = handle.broadcast(method).results(
+            timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True
+        )
+    except Exception as err:  # no replica at all (e.g. every one is restarting)
+        log.debug("%s reached no replica: %s", method, err)
+        return 0
+    return sum(a for a in answers if isinstance(a, int))
 
 
 def _serve() -> Any:

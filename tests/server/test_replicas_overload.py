@@ -1,0 +1,114 @@
+"""``sedd serve --replicas 2`` on a real local Ray cluster, at its edges: SIGTERM drains like
+one process: the requests in flight finish, new ones get a JSON 503, and the process exits 0.
+The drain ends the module's server, so it runs last."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from server_client import free_port
+
+pytest.importorskip("ray.serve", reason="pip install -e '.[ray]' runs these")
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.anyio]
+
+KEY = "replica-overload-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@dataclass
+class Served:
+    url: str
+    port: int
+    process: subprocess.Popen
+
+    def metrics(self) -> list[str]:
+        """Every replica's /metrics lines (one scrape, merged by the replica that answers)."""
+        text = httpx.get(f"{self.url}/metrics", headers=AUTH, timeout=30).text
+        return [line for line in text.splitlines() if line.startswith("sedd_")]
+
+    def replicas(self) -> set[str]:
+        """The ids of the replicas that answered /metrics."""
+        return {line.split('replica="')[1].split('"')[0] for line in self.metrics()
+                if 'replica="' in line}  # fmt: skip
+
+    def active_jobs(self) -> float:
+        """Jobs the engines of all replicas are running."""
+        return sum(float(line.rsplit(" ", 1)[1]) for line in self.metrics()
+                   if 'quantity="active_jobs"' in line)  # fmt: skip
+
+    def wait_for_replicas(self, than: set[str] | None = None, within_s: float = 240) -> None:
+        """Until two replicas serve (others than ``than``, when given)."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"sedd serve exited: {self.process.returncode}"
+            try:
+                now = self.replicas()
+                if len(now) == 2 and not (than and now & than):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        pytest.fail(f"two replicas were not serving within {within_s:g} s")
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    port = free_port()
+    argv = [sys.executable, "-m", "sedd.cli", "serve", "--replicas", "2", "--port", str(port),
+            "--threads-per-replica", "1", "--precision", "fp32", "--device", "cpu",
+            "--max-queued-jobs", "4", "--max-steps", "400", "--log-level", "warning"]  # fmt: skip
+    process = subprocess.Popen(argv, env={**os.environ, "SEDD_API_KEY": KEY})
+    server = Served(f"http://127.0.0.1:{port}", port, process)
+    try:
+        server.wait_for_replicas()
+        yield server
+    finally:
+        if process.poll() is None:  # the drain test did not run (or failed before its signal)
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def test_sigterm_drains_the_replicas_then_exits_0(served: Served) -> None:
+    async with httpx.AsyncClient(timeout=300, headers=AUTH) as client:
+        load = [asyncio.create_task(client.post(f"{served.url}/generate",
+                                                json={"steps": 40, "seed": s}))
+                for s in range(4)]  # fmt: skip
+        deadline = time.monotonic() + 60
+        while await asyncio.to_thread(served.active_jobs) < 4:  # all four running
+            assert time.monotonic() < deadline, "the four requests did not start"
+            await asyncio.sleep(0.2)
+        served.process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        refused = None
+        async with httpx.AsyncClient(timeout=30, headers=AUTH) as late:
+            while refused is None and not all(task.done() for task in load):
+                try:
+                    reply = await late.post(f"{served.url}/generate", json={"steps": 1})
+                except httpx.TransportError:  # the proxy went away
+                    reply = None
+                if reply is not None and reply.status_code == 503:
+                    refused = reply
+                await asyncio.sleep(0.2)
+        replies = await asyncio.gather(*load, return_exceptions=True)
+    for reply in replies:  # every request in flight finished, with its cells
+        assert isinstance(reply, httpx.Response), f"dropped in the drain: {reply!r}"
+        assert reply.status_code == 200 and len(reply.json()["counts"]) == 1, reply.text
+    assert refused is not None, "no request sent during the drain was refused"
+    assert refused.headers["content-type"] == "application/json"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert "takes no new requests" in refused.json()["detail"]
+    assert await asyncio.to_thread(served.process.wait, 120) == 0
+    print(f"drained and exited {time.monotonic() - signalled:.1f} s after SIGTERM")
