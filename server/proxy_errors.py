@@ -28,7 +28,13 @@ FULL = "every replica's request queue is full (max_queued_jobs); retry after {s}
 
 
 def proxy_middlewares() -> list[Middleware]:
-    """What Ray's proxy calls at start-up: the middlewares it wraps itself in."""
+    """What Ray's proxy calls at start-up, before it builds its HTTP server: the middlewares it
+    wraps itself in. Its connections get one process's protections here too
+    (``server.proxy_http``)."""
+    from server import proxy_http
+
+    if proxy_http.in_rays_proxy():  # never in a process of ours (e.g. a test's)
+        proxy_http.install()
     return [Middleware(JsonProxyErrors)]
 
 

@@ -25,6 +25,9 @@ drain (Ray's broadcast), so new requests get the app's JSON 503 with ``Retry-Aft
 requests in flight finish for up to ``drain_timeout_s``; then the jobs still running are failed
 with JSON 503s, and Serve (and a Ray started here) shut down. A second signal cuts off at once.
 
+Connections are Ray's proxy's, and get one process's protections there (``server.proxy_http``):
+the header timeout, body deadline, ``max_connections`` cap (per proxy) and JSON 400s.
+
 Nothing in this module is imported by a plain ``sedd serve``: Ray is optional.
 """
 
@@ -42,7 +45,7 @@ import torch
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server import proxy_errors
+from server import proxy_errors, proxy_http
 from server.app import create_app
 from server.config import Settings
 from server.metrics import merge_replicas
@@ -53,6 +56,7 @@ OBJECT_STORE_BYTES = 256 * 2**20  # Ray's minimum is 75 MiB; our payloads are sm
 EXIT_GRACE_S = 3.0  # after the drain's cut: time for the cut requests' 503s to be answered
 POLL_S = 0.1  # the drain asks the replicas for their in-flight counts this often
 BROADCAST_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5  # uvicorn's default, one process's
 
 
 class RayMissing(RuntimeError):
@@ -215,6 +219,8 @@ def run(settings: Settings) -> None:
     # the proxy's own plain-text errors become JSON 503s that say to retry (a local Ray
     # inherits this; a cluster started with `ray start` needs it in its environment)
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", proxy_errors.IMPORT_PATH)
+    # ... which also gives the proxy's connections one process's limits (server.proxy_http)
+    os.environ.update(proxy_http.environment(settings))
     started_ray = settings.ray_address is None
     if started_ray:
         ray.init(
@@ -228,7 +234,7 @@ def run(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signals.received)
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.start(http_options=http_options(settings))
         serve.run(application(settings), name=APP_NAME, route_prefix="/")
         count = "auto" if settings.replicas == "auto" else settings.replicas
         log.info(
@@ -247,6 +253,12 @@ def run(settings: Settings) -> None:
             ray.shutdown()
     if signals.cut.is_set():
         raise SystemExit(1)
+
+
+def http_options(settings: Settings) -> dict[str, Any]:
+    """Ray's proxy options: where it listens, and idle connections closed after uvicorn's 5 s
+    as in one process (Ray's 90 s would meet the header timeout first, and its 408)."""
+    return {"host": settings.host, "port": settings.port, "keep_alive_timeout_s": KEEP_ALIVE_S}
 
 
 class Signals:

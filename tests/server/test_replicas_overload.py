@@ -1,12 +1,16 @@
-"""``sedd serve --replicas 2`` on a real local Ray cluster, at its edges: SIGTERM drains like
-one process: the requests in flight finish, new ones get a JSON 503, and the process exits 0.
-The drain ends the module's server, so it runs last."""
+"""``sedd serve --replicas 2`` on a real local Ray cluster, at its edges: Ray's proxy keeps the
+connection protections of one process (a head that never completes is closed with a JSON 408 at
+the header timeout, connections past ``max_connections`` get a JSON 503, a request that is not
+HTTP a JSON 400), and SIGTERM drains like one process: the requests in flight finish, new ones
+get a JSON 503, and the process exits 0. The drain ends the module's server, so it runs last."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +26,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.anyio]
 
 KEY = "replica-overload-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+HEADER_TIMEOUT_S = 3.0
+MAX_CONNECTIONS = 8
 
 
 @dataclass
@@ -65,7 +71,9 @@ def served() -> Iterator[Served]:
     port = free_port()
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--replicas", "2", "--port", str(port),
             "--threads-per-replica", "1", "--precision", "fp32", "--device", "cpu",
-            "--max-queued-jobs", "4", "--max-steps", "400", "--log-level", "warning"]  # fmt: skip
+            "--max-queued-jobs", "4", "--max-steps", "400", "--log-level", "warning",
+            "--header-timeout-s", str(HEADER_TIMEOUT_S),
+            "--max-connections", str(MAX_CONNECTIONS)]  # fmt: skip
     process = subprocess.Popen(argv, env={**os.environ, "SEDD_API_KEY": KEY})
     server = Served(f"http://127.0.0.1:{port}", port, process)
     try:
@@ -79,6 +87,62 @@ def served() -> Iterator[Served]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    return data
+
+
+def _json_answer(answer: bytes, status: int) -> tuple[bytes, dict]:
+    """(head, JSON body) of a raw response, which must be ``status`` in JSON."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), answer[:300]
+    assert b"content-type: application/json" in head.lower(), head
+    return head.lower(), json.loads(body)
+
+
+def test_half_sent_heads_are_closed_at_the_header_timeout_with_json(served: Served) -> None:
+    socks = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(6)]
+    for i, sock in enumerate(socks):
+        sock.settimeout(HEADER_TIMEOUT_S + 30)
+        if i % 2:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\n")  # then nothing
+    start = time.monotonic()
+    try:
+        answers = [_answer(sock) for sock in socks]  # each returns when the proxy closes
+    except TimeoutError:
+        pytest.fail(f"a half-sent head was still open {HEADER_TIMEOUT_S + 30:g} s later")
+    finally:
+        for sock in socks:
+            sock.close()
+    assert time.monotonic() - start < HEADER_TIMEOUT_S + 3
+    for answer in answers:
+        assert "header_timeout_s" in _json_answer(answer, 408)[1]["detail"]
+
+
+def test_connections_past_the_cap_get_a_json_503_with_retry_after(served: Served) -> None:
+    held = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head, body = _json_answer(_answer(extra), 503)
+    finally:
+        for sock in held:
+            sock.close()
+    assert b"retry-after: 1" in head and "max_connections" in body["detail"]
+    time.sleep(0.5)  # the proxy sees the held connections close
+    assert httpx.get(f"{served.url}/healthz").status_code == 200
+
+
+def test_a_request_that_is_not_http_gets_a_json_400(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n")
+        _, body = _json_answer(_answer(sock), 400)
+    assert "not valid HTTP/1.1" in body["detail"]
 
 
 async def test_sigterm_drains_the_replicas_then_exits_0(served: Served) -> None:
