@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -31,6 +32,10 @@ from server.state import Service
 log = logging.getLogger("sedd.server")
 
 DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
+# Admission prices a forward this much above the measured median: the forward time varies with
+# what else the machine runs, and a request admitted on an estimate that just fits would end in
+# a 504 (scripts/overload_check.py saw 2 in 169 at 1.0 on a busy 2-core machine).
+COST_MARGIN = 1.25
 
 
 def submit(
@@ -53,7 +58,8 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
     at the engine's measured forward time, gets a 422 ``too_costly`` (it would only hold the
     engine and end in a 504). One that could, but not behind what is in flight and queued
     (``Workload.finish_seconds``: the engine's sharing played forward), gets a 429 whose
-    Retry-After is the wait after which it would fit (``Workload.wait_before_fit``)."""
+    Retry-After is the wait after which it would fit (``Workload.wait_before_fit``). Both price
+    a forward at ``COST_MARGIN`` times the measured one."""
     job = planned.job
     limit, cost = service.settings.max_cell_steps, job.num_cells * job.steps
     if limit is not None and cost > limit:
@@ -68,6 +74,7 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
     workload, deadline = service.engine.workload(), planned.timeout_s
     if workload is None:  # no forward timed yet (the warm-up failed): nothing to price with
         return
+    workload = dataclasses.replace(workload, forward_seconds=workload.forward_seconds * COST_MARGIN)
     new = Work.of_queued(job)
     alone = workload.alone_seconds(new)
     if alone > deadline:

@@ -34,11 +34,11 @@ class Work:
 
     @classmethod
     def of_blocks(cls, blocks: list[RowBlock]) -> Work:
-        """A job in flight: its blocks whose rows still need a forward (the others move on
-        free)."""
-        busy = [blk for blk in blocks if blk.has_work]
-        left = sum(blk.rows * (blk.state.job.total_steps - blk.step) for blk in busy)
-        return cls(sum(blk.rows for blk in busy), left)
+        """A job in flight: all its rows, each to its last step. Rows with nothing left to
+        change move on free, but they hold their room in flight until then: counting them as
+        work errs long, leaving them out erred short."""
+        left = sum(blk.rows * (blk.state.job.total_steps - blk.step) for blk in blocks)
+        return cls(sum(blk.rows for blk in blocks), left)
 
     @classmethod
     def of_queued(cls, job: EngineJob, admitted: int = 0) -> Work:
@@ -72,7 +72,7 @@ class Workload:
     def room_seconds(self, groups: list[list[RowBlock]]) -> float:
         """``room_ticks``, each at the forwards the rows in flight take now (a job that has
         just joined counts at once): what a full queue's ``Retry-After`` says."""
-        busy = sum(w.rows for w in self.running)
+        busy = sum(blk.rows for blocks in groups for blk in blocks if blk.has_work)
         return max(0.05, self.tick_seconds(min(busy, self.budget)) * self.room_ticks(groups))
 
     def alone_seconds(self, new: Work) -> float:

@@ -1,0 +1,209 @@
+"""The service under abuse, over real HTTP: three checks against ``sedd serve`` (real uvicorn,
+the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
+
+1. ``mixed``: 10 clients send requests of 1-6 cells x 3-8 steps with deadlines of 10-40 s, back
+   to back, for ``--seconds`` against small limits (8 rows a step, 16 in flight, 2 queued).
+   Passes when every answer is a 200, 429 or 422 (no 504: admission refuses at once what would
+   not finish in time) and every 200's cells equal the same request run alone.
+2. ``drip``: 512 connections each get an early answer (a 404 before their body) and then drip
+   one body byte every 3 s, while a client asks for /healthz every half second. Passes when the
+   client is never kept waiting longer than the header timeout (10 s).
+3. ``behind-maximal``: at the default limits, four maximal requests are admitted (256 cells, each
+   about 100 s alone), then a 1-cell request with a 40 s deadline is sent. Passes when it is
+   answered (its cells, or an immediate 429 saying when to retry) within its deadline.
+
+    .venv/bin/python scripts/overload_check.py                 # all three, 120 s of mixed load
+    .venv/bin/python scripts/overload_check.py --only drip
+
+Exits 1 if any check fails. Timings depend on the machine; the pass conditions do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import socket
+import sys
+import time
+from collections import Counter
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+from serve_process import ServeProcess
+
+SMALL_LIMITS = ["--max-rows-per-forward", "8", "--max-rows-in-flight", "16",
+                "--max-queued-jobs", "2"]  # fmt: skip
+BASE = ["--precision", "fp32", "--device", "cpu"]
+HEADER_TIMEOUT_S = 10.0
+
+
+async def mixed(url: str, seconds: float, clients: int, seed: int) -> tuple[bool, str]:
+    """Check 1: the mixed load; every 200 compared with the same request alone."""
+    rng = random.Random(seed)
+    answers: list[tuple[dict, int, float, httpx.Response]] = []
+    stop = time.monotonic() + seconds
+
+    async def client(c: httpx.AsyncClient) -> None:
+        while time.monotonic() < stop:
+            body = {
+                "num_cells": rng.randint(1, 6),
+                "steps": rng.randint(3, 8),
+                "seed": rng.randrange(10**6),
+                "timeout_s": rng.choice([10, 20, 40]),
+            }
+            start = time.monotonic()
+            reply = await c.post("/generate", json=body, timeout=body["timeout_s"] + 10)
+            answers.append((body, reply.status_code, time.monotonic() - start, reply))
+            if reply.status_code == 429:
+                await asyncio.sleep(min(float(reply.headers.get("retry-after", 1)), 5))
+
+    async with httpx.AsyncClient(base_url=url) as c:
+        await asyncio.gather(*(client(c) for _ in range(clients)))
+    statuses = Counter(status for _, status, _, _ in answers)
+    ok = [(body, reply) for body, status, _, reply in answers if status == 200]
+    wrong = _cells_differ(ok)
+    slowest = max((s for _, status, s, _ in answers if status == 200), default=0.0)
+    passed = set(statuses) <= {200, 429, 422} and not wrong
+    late = [f"{b['num_cells']}x{b['steps']} in {b['timeout_s']} s: {seconds:.1f} s"
+            for b, status, seconds, _ in answers if status == 504]  # fmt: skip
+    figures = (
+        f"{len(answers)} requests: {dict(sorted(statuses.items()))}; slowest 200 "
+        f"{slowest:.1f} s; 200s whose cells differ from a solo run: {len(wrong)}"
+        + (f"; 504s: {', '.join(late)}" if late else "")
+    )
+    return passed, figures
+
+
+def _cells_differ(ok: list[tuple[dict, httpx.Response]]) -> list[dict]:
+    """The bodies of 200s whose cells differ from ``Model.generate`` of the same request."""
+    import torch
+
+    import sedd
+
+    torch.set_num_threads(1)
+    model = sedd.load(device="cpu", precision="fp32")
+    wrong = []
+    for body, reply in ok:
+        alone = model.generate(body["num_cells"], condition=model.control, steps=body["steps"],
+                               seed=body["seed"], progress=False)  # fmt: skip
+        if not np.array_equal(np.array(reply.json()["counts"]), alone.X.toarray()):
+            wrong.append(body)
+    return wrong
+
+
+def _drip_connection(host: str, port: int) -> socket.socket:
+    sock = socket.create_connection((host, port))
+    sock.setblocking(False)
+    head = b"POST /no-such-route HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+    sock.send(head)
+    return sock
+
+
+async def drip(url: str, connections: int, seconds: float) -> tuple[bool, str]:
+    """Check 2: slow-drip connections after an early answer against a legitimate client."""
+    parsed = urlparse(url)
+    socks = [_drip_connection(parsed.hostname or "127.0.0.1", parsed.port or 80)
+             for _ in range(connections)]  # fmt: skip
+    waits: list[float] = []
+    stop = time.monotonic() + seconds
+    closed = 0
+    async with httpx.AsyncClient(base_url=url, timeout=HEADER_TIMEOUT_S + 20) as c:
+        next_drip = time.monotonic()
+        while time.monotonic() < stop:
+            if time.monotonic() >= next_drip:
+                closed = sum(_drip_byte(s) for s in socks)
+                next_drip += 3.0
+            start = time.monotonic()
+            reply = await c.get("/healthz")
+            waits.append(time.monotonic() - start if reply.status_code == 200 else float("inf"))
+            await asyncio.sleep(0.5)
+    for s in socks:
+        s.close()
+    worst = max(waits)
+    passed = worst <= HEADER_TIMEOUT_S
+    return passed, (
+        f"{connections} drip connections, {closed} closed by the server; /healthz "
+        f"{len(waits)} times, slowest {worst:.2f} s (limit {HEADER_TIMEOUT_S:g} s)"
+    )
+
+
+def _drip_byte(sock: socket.socket) -> bool:
+    """Send one more body byte; True once the server has closed the connection."""
+    try:
+        if sock.recv(65536) == b"":
+            return True
+    except BlockingIOError:
+        pass
+    except OSError:
+        return True
+    try:
+        sock.send(b"x")
+    except OSError:
+        return True
+    return False
+
+
+async def behind_maximal(url: str) -> tuple[bool, str]:
+    """Check 3: a 1-cell request behind four admitted maximal ones (256 cells, steps enough for
+    about 100 s each alone, so that all four fit the default 600 s deadline together) is
+    answered within its deadline."""
+    async with httpx.AsyncClient(base_url=url, timeout=700) as c:
+        steps = await _steps_for(c, 256, 100.0)
+        big = [asyncio.ensure_future(c.post("/generate", json={"num_cells": 256,
+                                                                "steps": steps, "seed": s}))
+               for s in range(4)]  # fmt: skip
+        await asyncio.sleep(2.0)
+        start = time.monotonic()
+        small = await c.post("/generate", json={"num_cells": 1, "steps": 10, "timeout_s": 40},
+                             timeout=60)  # fmt: skip
+        took = time.monotonic() - start
+        refused = [t.result().status_code for t in big if t.done()]
+        for task in big:
+            task.cancel()
+    passed = took <= 40 and small.status_code in (200, 429) and not refused
+    retry = ""
+    if small.status_code == 429:
+        retry = f", Retry-After {small.headers.get('retry-after')} s"
+    return passed, (
+        f"4 x (256 cells x {steps} steps), answered at once: {refused or 'none (all admitted)'};"
+        f" 1-cell request: {small.status_code} after {took:.1f} s (deadline 40 s){retry}"
+    )
+
+
+async def _steps_for(c: httpx.AsyncClient, cells: int, seconds: float) -> int:
+    """Steps of a ``cells``-cell request that take about ``seconds`` alone, from the server's
+    own estimate (its 422 for a request far too long names it)."""
+    reply = await c.post("/generate", json={"num_cells": cells, "steps": 1000, "timeout_s": 1})
+    [error] = reply.json()["detail"]
+    per_step = error["ctx"]["estimated_s"] / 1001
+    return max(1, min(999, int(seconds / per_step) - 1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=120.0, help="mixed load duration")
+    parser.add_argument("--clients", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=512, help="drip connections")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=["mixed", "drip", "behind-maximal"])
+    args = parser.parse_args()
+    results: list[tuple[str, bool, str]] = []
+    if args.only in (None, "mixed"):
+        with ServeProcess([*BASE, *SMALL_LIMITS]) as server:
+            results.append(("mixed", *asyncio.run(
+                mixed(server.url, args.seconds, args.clients, args.seed))))  # fmt: skip
+    if args.only in (None, "drip"):
+        with ServeProcess(BASE) as server:
+            results.append(("drip", *asyncio.run(drip(server.url, args.connections, 20.0))))
+    if args.only in (None, "behind-maximal"):
+        with ServeProcess(BASE) as server:
+            results.append(("behind-maximal", *asyncio.run(behind_maximal(server.url))))
+    for name, passed, figures in results:
+        print(f"{'PASS' if passed else 'FAIL'}  {name:15s} {figures}")
+    return 0 if all(passed for _, passed, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
