@@ -8,7 +8,9 @@ full (503), and Ray's own shutdown or an application that is not running (503).
 ``server.replicas`` sets before Ray starts) wraps the proxy so that back-pressure becomes our
 JSON 429 with ``Retry-After``, and every other such failure a JSON 503 with ``Retry-After`` that
 says to retry: the request did not finish, and another replica (or the restarted one) will take
-it. This module imports nothing heavy: it runs in the proxy's process.
+it. A ``.../stream`` response whose replica dies after its events began cannot change its status:
+it ends with an ``error`` event (JSON data, status 503, a detail that says to retry) instead of a
+cut-off body. This module imports nothing heavy: it runs in the proxy's process.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ RETRY_AFTER_S = 1
 FAILED = (
     "the replica serving this request stopped before it finished, or the service is starting "
     "or shutting down; nothing was returned: retry the request"
+)
+STREAM_LOST = (
+    "the replica serving this stream stopped before the job finished (it was lost); its result "
+    "will not come: retry the request"
 )
 FULL = "every replica's request queue is full (max_queued_jobs); retry after {s} s."
 
@@ -51,6 +57,7 @@ class JsonProxyErrors:
         started = False
         held: Message | None = None  # the proxy's own error: its start, until its body is in
         body = b""
+        stream = _Stream()
 
         async def checked(message: Message) -> None:
             nonlocal started, held, body
@@ -64,17 +71,46 @@ class JsonProxyErrors:
                 if not message.get("more_body", False):
                     await _answer(send, *_translate(held, body))
                 return
+            stream.saw(message)
             await send(message)
 
         try:
             await self.app(scope, receive, checked)
         except Exception:
+            if stream.open:  # a replica that died mid-stream (Ray may raise or just stop)
+                await _end_stream(send)
+                return
             if started:
                 raise
             await _answer(send, 503, FAILED, RETRY_AFTER_S)
             return
-        if not started:  # Ray's proxy sends nothing for a replica that died
+        if stream.open:
+            await _end_stream(send)
+        elif not started:  # Ray's proxy sends nothing for a replica that died
             await _answer(send, 503, FAILED, RETRY_AFTER_S)
+
+
+class _Stream:
+    """Whether a response passed through is an SSE stream still open (its end not yet sent)."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def saw(self, message: Message) -> None:
+        """Follow one message of the response on its way to the client."""
+        if message["type"] == "http.response.start":
+            kind = _headers(message).get(b"content-type", b"").split(b";")[0].strip()
+            self.open = kind == b"text/event-stream"
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.open = False
+
+
+async def _end_stream(send: Send) -> None:
+    """End an SSE stream that its replica left unfinished with an ``error`` event (the app's
+    own ``ErrorEvent``: status and detail), so the client reads why instead of a cut body."""
+    data = json.dumps({"status": 503, "detail": STREAM_LOST}, separators=(",", ":"))
+    event = f"event: error\ndata: {data}\n\n".encode()
+    await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 def _proxy_error(start: Message) -> bool:

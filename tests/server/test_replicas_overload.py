@@ -1,8 +1,9 @@
 """``sedd serve --replicas 2`` on a real local Ray cluster, at its edges: Ray's proxy keeps the
 connection protections of one process (a head that never completes is closed with a JSON 408 at
 the header timeout, connections past ``max_connections`` get a JSON 503, a request that is not
-HTTP a JSON 400), and SIGTERM drains like one process: the requests in flight finish, new ones
-get a JSON 503, and the process exits 0. The drain ends the module's server, so it runs last."""
+HTTP a JSON 400), a stream whose replica dies ends with an ``error`` event, and SIGTERM drains
+like one process: the requests in flight finish, new ones get a JSON 503, and the process exits
+0. The drain ends the module's server, so it runs last."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -143,6 +145,61 @@ def test_a_request_that_is_not_http_gets_a_json_400(served: Served) -> None:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n")
         _, body = _json_answer(_answer(sock), 400)
     assert "not valid HTTP/1.1" in body["detail"]
+
+
+def _replica_pids(root: int) -> list[int]:
+    """The replica processes of the server ``root`` (Ray names them after the deployment; the
+    raylet of the Ray that ``root`` started is their parent): not another test run's."""
+    found = subprocess.run(["pgrep", "-f", "ServeReplica:sedd"], capture_output=True, text=True)
+    return [pid for pid in map(int, found.stdout.split()) if _descends_from(pid, root)]
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    """Whether process ``pid`` is ``root`` or one of its descendants."""
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # it ended
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's id
+    return False
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) of each SSE event in ``lines``."""
+    name = ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            yield name, line.removeprefix("data: ")
+
+
+def test_a_stream_whose_replica_dies_ends_with_an_error_event(served: Served) -> None:
+    before = served.replicas()
+    seen: list[tuple[str, str]] = []
+    truncated = None
+    with httpx.stream("POST", f"{served.url}/generate/stream", json={"steps": 400, "seed": 3},
+                      headers=AUTH, timeout=120) as stream:  # fmt: skip
+        assert stream.status_code == 200
+        try:
+            for event in _events(stream.iter_lines()):
+                seen.append(event)
+                if event[0] == "progress" and len(seen) == 3:  # running: kill its replica
+                    pids = _replica_pids(served.process.pid)
+                    assert len(pids) == 2, pids
+                    for pid in pids:  # the one serving this stream among them
+                        os.kill(pid, signal.SIGKILL)
+        except httpx.RemoteProtocolError as err:
+            truncated = err
+    assert truncated is None, f"the stream was cut off without an event: {truncated}"
+    name, data = seen[-1]
+    assert name == "error", seen[-3:]
+    error = json.loads(data)
+    assert error["status"] == 503 and "retry" in error["detail"]
+    served.wait_for_replicas(than=before)  # Ray restarts them
 
 
 async def test_sigterm_drains_the_replicas_then_exits_0(served: Served) -> None:
