@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -143,6 +144,26 @@ def test_a_client_that_goes_away_has_its_job_cancelled(served: Served) -> None:
     assert cancelled() == before + 1  # its replica dropped the job, and counted it
 
 
+def _replica_pids(root: int) -> list[int]:
+    """The replica processes of the server ``root`` (Ray names them after the deployment; the
+    raylet of the Ray that ``root`` started is their parent): not another test run's."""
+    found = subprocess.run(["pgrep", "-f", "ServeReplica:sedd"], capture_output=True, text=True)
+    return [pid for pid in map(int, found.stdout.split()) if _descends_from(pid, root)]
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    """Whether process ``pid`` is ``root`` or one of its descendants."""
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # it ended
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's id
+    return False
+
+
 async def test_a_killed_replica_comes_back_and_no_request_is_lost_silently(
     served: Served,
 ) -> None:
@@ -152,10 +173,9 @@ async def test_a_killed_replica_comes_back_and_no_request_is_lost_silently(
                                                 json={"steps": 60, "seed": s}))
                 for s in range(8)]  # fmt: skip
         await asyncio.sleep(2)
-        pids = subprocess.run(["pgrep", "-f", "ServeReplica:sedd"], capture_output=True,
-                              text=True).stdout.split()  # fmt: skip
+        pids = _replica_pids(served.process.pid)
         assert len(pids) == 2, pids
-        os.kill(int(pids[0]), signal.SIGKILL)
+        os.kill(pids[0], signal.SIGKILL)
         killed_at = time.monotonic()
         replies = await asyncio.gather(*load)
     outcomes = {200: 0, 429: 0, 503: 0}

@@ -202,6 +202,55 @@ def test_a_stream_whose_replica_dies_ends_with_an_error_event(served: Served) ->
     served.wait_for_replicas(than=before)  # Ray restarts them
 
 
+class FakeReplicas:
+    """Ray's deployment handle as ``drain_replicas`` uses it: each broadcast answers the next
+    in-flight counts of ``answers`` (the last one repeats) and is recorded."""
+
+    def __init__(self, *answers: list[int]) -> None:
+        self.answers, self.calls = list(answers), []
+
+    def get_deployment_handle(self, *_: object, **__: object) -> FakeReplicas:
+        return self
+
+    def broadcast(self, method: str) -> FakeReplicas:
+        self.calls.append(method)
+        return self
+
+    def results(self, **_: object) -> list[int]:
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_the_drain_cuts_what_is_left_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from server import replicas
+
+    busy = FakeReplicas([1, 0])  # one request that outlives the drain
+    monkeypatch.setattr(replicas, "_serve", lambda: busy)
+    monkeypatch.setattr(replicas, "EXIT_GRACE_S", 0.3)
+    start = time.monotonic()
+    replicas.drain_replicas(0.5, threading.Event())
+    assert 0.5 <= time.monotonic() - start < 2 and "cut" in busy.calls
+
+
+def test_a_second_signal_ends_the_drain_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from server import replicas
+
+    busy = FakeReplicas([2, 1])  # never drains by itself
+    monkeypatch.setattr(replicas, "_serve", lambda: busy)
+    cut = threading.Event()
+    threading.Timer(0.5, cut.set).start()
+    start = time.monotonic()
+    replicas.drain_replicas(60, cut)
+    assert time.monotonic() - start < 2 and busy.calls[-1] == "cut"
+    idle = FakeReplicas([1, 0], [0])  # drains: no cut
+    monkeypatch.setattr(replicas, "_serve", lambda: idle)
+    replicas.drain_replicas(60, threading.Event())
+    assert idle.calls == ["drain", "drain"]
+
+
 async def test_sigterm_drains_the_replicas_then_exits_0(served: Served) -> None:
     async with httpx.AsyncClient(timeout=300, headers=AUTH) as client:
         load = [asyncio.create_task(client.post(f"{served.url}/generate",
