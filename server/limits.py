@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect, Request
@@ -67,12 +68,16 @@ def _hung_up(request: BoundedRequest) -> None:
 PARSE_IN_THREAD_BYTES = 64 * 1024  # a body this large is parsed off the event loop
 
 
+_PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sedd-json")
+
+
 async def _parsed(body: bytes) -> object:
-    """``parse_json_body``; a large body (a 4 MB one takes about 2 s) in a worker thread, so
-    the event loop goes on answering health checks and streams meanwhile."""
+    """``parse_json_body``; a large body (a 3 MB one takes over a second) in the one parser
+    thread, so the event loop goes on answering health checks and streams meanwhile. One
+    thread, not one per body: several CPU-bound threads would starve the loop of the GIL."""
     if len(body) < PARSE_IN_THREAD_BYTES:
         return parse_json_body(body)
-    return await asyncio.to_thread(parse_json_body, body)
+    return await asyncio.get_running_loop().run_in_executor(_PARSER, parse_json_body, body)
 
 
 class LimitedRoute(APIRoute):

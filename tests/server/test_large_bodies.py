@@ -1,6 +1,7 @@
 """Real uvicorn: a large body is parsed off the event loop (six 4 MB bodies once held it for
 seconds: /healthz slowed to 1.56 s, and the measured forward time with it), and a 422 for one
-echoes a short excerpt of what was sent, not the 3.2 MB."""
+echoes a short excerpt of what was sent, not the 3.2 MB. The /healthz latency itself is a
+timing, so it is measured by ``scripts/overload_check.py --only large-bodies``, not here."""
 
 from __future__ import annotations
 
@@ -70,26 +71,3 @@ def test_a_large_body_is_parsed_off_the_event_loop_and_its_422_is_short(
     [error] = large.json()["detail"]
     assert error["loc"] == ["body", "counts"]
     assert error["input"].endswith(f" ... (cut at {EXCERPT_CHARS} characters)")
-
-
-def test_health_checks_stay_fast_while_large_bodies_are_parsed(url: str) -> None:
-    body = b'{"genes": ["GENE0"], "counts": [' + b",".join([b"[1]"] * 800_000) + b"]}"
-
-    async def load() -> list[float]:
-        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            posts = [
-                asyncio.ensure_future(client.post("/impute", content=body,
-                                                  headers={"content-type": "application/json"}))
-                for _ in range(6)
-            ]  # fmt: skip
-            waits = []
-            while not all(p.done() for p in posts):
-                start = time.monotonic()
-                assert (await client.get("/healthz")).status_code == 200
-                waits.append(time.monotonic() - start)
-                await asyncio.sleep(0.05)
-            assert all(p.result().status_code == 422 for p in posts)
-            return waits
-
-    waits = sorted(asyncio.run(load()))
-    assert waits[len(waits) // 2] < 0.5, waits  # 1.56 s when parsed on the loop
