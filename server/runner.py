@@ -33,9 +33,10 @@ log = logging.getLogger("sedd.server")
 
 DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
 # Admission prices a forward this much above the measured median: the forward time varies with
-# what else the machine runs, and a request admitted on an estimate that just fits would end in
-# a 504 (scripts/overload_check.py saw 2 in 169 at 1.0 on a busy 2-core machine).
-COST_MARGIN = 1.25
+# what else the machine runs (the event loop's own work included), and a request admitted on an
+# estimate that just fits would end in a 504 (scripts/overload_check.py, 2 minutes of mixed
+# load on a 2-core machine: 2-3 of about 300 at 1.0 and 1.25, none at 1.5).
+COST_MARGIN = 1.5
 
 
 def submit(
@@ -74,21 +75,22 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
     workload, deadline = service.engine.workload(), planned.timeout_s
     if workload is None:  # no forward timed yet (the warm-up failed): nothing to price with
         return
+    forward_ms = 1000 * workload.forward_seconds
     workload = dataclasses.replace(workload, forward_seconds=workload.forward_seconds * COST_MARGIN)
-    new = Work.of_queued(job)
+    new = Work.of_queued(job, now=time.monotonic())
     alone = workload.alone_seconds(new)
-    if alone > deadline:
-        forward_ms = 1000 * workload.forward_seconds
+    if alone > new.deadline:
         raise FieldError(
             ["body"],
             f"this request needs about {alone:.0f} s of model time ({job.num_cells} cells x "
             f"{job.steps} steps at {forward_ms:.0f} ms a forward of {workload.block_rows} "
-            f"rows), longer than its deadline of {deadline:g} s; ask for fewer cells or steps, "
-            "or a longer timeout_s (up to the server's request_timeout_s)",
+            f"rows, priced {COST_MARGIN:g}x for its variation), longer than its deadline of "
+            f"{deadline:g} s; ask for fewer cells or steps, or a longer timeout_s (up to the "
+            "server's request_timeout_s)",
             type="too_costly",
             ctx={"estimated_s": round(alone, 1), "deadline_s": deadline},
         )
-    wait = workload.wait_before_fit(new, deadline)
+    wait = workload.wait_before_fit(new)
     if wait > 0:
         raise Overloaded(
             f"the requests already admitted would keep this one past its deadline of "

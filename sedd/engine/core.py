@@ -349,8 +349,9 @@ class Engine:
             return None if seconds is None else self._workload_locked(seconds)
 
     def _workload_locked(self, forward_seconds: float) -> Workload:
-        running = tuple(Work.of_blocks(blocks) for blocks in groups_of(self._active))
-        waiting = tuple(Work.of_queued(st.job, st.admitted) for st in self._waiting)
+        now = time.monotonic()
+        running = tuple(Work.of_blocks(blocks, now) for blocks in groups_of(self._active))
+        waiting = tuple(Work.of_queued(st.job, st.admitted, now) for st in self._waiting)
         block = self.sampler.block_rows or self.max_rows_per_forward
         return Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
                         self.fair, forward_seconds, block)  # fmt: skip

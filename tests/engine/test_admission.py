@@ -86,14 +86,28 @@ def test_estimates_err_long_when_rows_run_out_of_masks():
 def test_wait_before_fit_is_the_shortest_wait_that_fits():
     # four jobs of 256 rows x 76 row-steps hold all 1,024 rows in flight; a tick is 1 s
     load = Workload((Work(256, 256 * 76),) * 4, (), 256, 1024, True, 1.0, 256)
-    small = Work(1, 11)
+    small = Work(1, 11, deadline=20.0)
     assert load.alone_seconds(small) == 11
     assert load.finish_seconds(small) == 4 * 76 + 11  # waits for room, then its 11 ticks
-    wait = load.wait_before_fit(small, 20.0)
+    wait = load.wait_before_fit(small)
+    assert load.fits(small, after=wait) and not load.fits(small, after=wait - 1.0)
     assert load.finish_seconds(small, after=wait) - wait <= 20.0
-    assert load.finish_seconds(small, after=wait - 1.0) - (wait - 1.0) > 20.0
-    assert load.wait_before_fit(small, 400.0) == 0.0
-    assert math.isinf(load.wait_before_fit(Work(1, 30), 20.0))  # 30 ticks alone: never
+    assert load.wait_before_fit(Work(1, 11, deadline=400.0)) == 0.0
+    assert math.isinf(load.wait_before_fit(Work(1, 30, deadline=20.0)))  # 30 ticks alone
+
+
+def test_a_job_that_would_push_an_admitted_one_past_its_deadline_does_not_fit():
+    """Under fair sharing a job that joins takes rows from the ones running: it is refused if
+    an admitted job that would end in time alone would then end late (it is not enough that
+    the new one itself ends in time)."""
+    running = Work(4, 4 * 10, deadline=10.5)  # 10 ticks at 4 rows a tick: just in time
+    load = Workload((running,), (), 4, 8, True, 1.0, 4)
+    joiner = Work(2, 2 * 3, deadline=100.0)  # would end in time itself, sharing 2 + 2
+    assert load.finish_seconds(joiner) <= 100.0
+    assert not load.fits(joiner)
+    assert load.fits(Work(2, 6, deadline=100.0), after=load.wait_before_fit(joiner))
+    late = Workload((Work(4, 40, deadline=5.0),), (), 4, 8, True, 1.0, 4)  # late anyway
+    assert late.fits(joiner)  # a job that misses its deadline regardless does not block
 
 
 def test_retry_after_prices_a_job_that_just_joined_at_once():

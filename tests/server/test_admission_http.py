@@ -41,11 +41,12 @@ def url() -> Iterator[str]:
 
 
 def _steps_for(url: str, seconds: float) -> int:
-    """Steps of a 4-cell request that take about ``seconds`` alone on this machine now."""
-    start = time.monotonic()
-    response = httpx.post(f"{url}/generate", json={"num_cells": 4, "steps": 20}, timeout=60)
-    assert response.status_code == 200, response.text
-    per_step = (time.monotonic() - start) / 21
+    """Steps of a 4-cell request that the server prices at about ``seconds`` alone (its 422
+    for a request far too long names its estimate)."""
+    body = {"num_cells": 4, "steps": 1000, "timeout_s": 1}
+    reply = httpx.post(f"{url}/generate", json=body, timeout=60)
+    [error] = reply.json()["detail"]
+    per_step = error["ctx"]["estimated_s"] / 1001
     return max(20, min(999, int(seconds / per_step) - 1))
 
 
