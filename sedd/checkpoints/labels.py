@@ -3,8 +3,8 @@
 Checkpoints often store no names: st3 keeps gene names out of its experiments, and label
 embeddings are rows by index. These readers take the names from side files:
 
-* ``read_gene_list``: gene names in model order, a text file (one a line) or an h5ad's
-  ``var_names``;
+* ``read_gene_list``: gene names in model order, a text file (one a line), a JSON file (a list
+  of names, or ``{name: index}``) or an h5ad's ``var_names``;
 * ``read_label_mapping``: label names by index, from JSON (``{name: index}`` or ``[names]``),
   text (line i names index i, st3's ``perturbation_names_all.txt``) or a ``.pt`` file;
 * ``read_vectors``: perturbation vectors (e.g. ESM2), a ``{name: tensor}`` file.
@@ -37,8 +37,12 @@ __all__ = [
 ]
 
 
-def read_gene_list(path: str | Path, num_genes: int) -> list[str]:
-    """Gene names in model order: a text file (one a line) or an h5ad's ``var_names``."""
+_GENE_LIST_FIX = "pass the gene list the model was trained on, in training order"
+
+
+def read_gene_list(path: str | Path, num_genes: int, *, fix: str = _GENE_LIST_FIX) -> list[str]:
+    """Gene names in model order: a text file (one a line), JSON (a list of names, or
+    ``{name: index}``) or an h5ad's ``var_names``. ``fix`` ends the errors: what to do."""
     path = require_file(Path(path), "gene list")
     if path.suffix == ".h5ad":
         import anndata  # slow to import; only h5ad gene lists need it
@@ -49,6 +53,8 @@ def read_gene_list(path: str | Path, num_genes: int) -> list[str]:
             raise CheckpointError(f"cannot read {path} as h5ad ({err}); pass a text list.") from err
         names = [str(n) for n in adata.var_names]
         adata.file.close()
+    elif path.suffix == ".json":
+        names = _json_gene_names(path, num_genes, fix)
     else:
         try:
             names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
@@ -56,8 +62,7 @@ def read_gene_list(path: str | Path, num_genes: int) -> list[str]:
             raise CheckpointError(f"{path} is not a text gene list (one name a line).") from None
     if len(names) != num_genes:
         raise CheckpointError(
-            f"gene list {path} has {len(names)} names but the model has {num_genes} genes; pass "
-            "the gene list the model was trained on, in training order."
+            f"gene list {path} has {len(names)} names but the model has {num_genes} genes; {fix}."
         )
     repeated = [name for name, n in Counter(names).items() if n > 1]
     if repeated:
@@ -66,6 +71,37 @@ def read_gene_list(path: str | Path, num_genes: int) -> list[str]:
             "(e.g. anndata's var_names_make_unique) before converting."
         )
     return names
+
+
+def _json_gene_names(path: Path, num_genes: int, fix: str) -> list[str]:
+    """A JSON list of names (entry i names gene i), or ``{name: index}``."""
+    try:
+        data = json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not a JSON text file; {fix}.") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}); {fix}.") from None
+    except ValueError as err:  # a key given twice (_reject_duplicate_keys)
+        raise CheckpointError(f"{path}: gene {err}; each gene must appear once.") from None
+    if isinstance(data, list) and all(isinstance(name, str) for name in data):
+        return data
+    if isinstance(data, dict) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in data.values()
+    ):
+        if len(data) != num_genes:
+            return list(data)  # read_gene_list's count check names both counts
+        return names_from_mapping(data, num_genes, path, "gene")
+    if isinstance(data, list):
+        bad = next(i for i, name in enumerate(data) if not isinstance(name, str))
+        found = f"entry {bad} is {data[bad]!r}, not a name"
+    elif isinstance(data, dict):
+        found = f"an object whose values are not all indices (keys {list(data)[:3]})"
+    else:
+        found = f"a JSON {type(data).__name__}"
+    raise CheckpointError(
+        f"{path} must hold a JSON list of gene names in model order, or {{name: index}}; "
+        f"found {found}; {fix}."
+    )
 
 
 def names_from_mapping(mapping: Any, expected: int, file: Path, kind: str) -> list[str]:
@@ -171,14 +207,31 @@ def with_label_files(
     perturbations: str | Path | None = None,
     vectors: str | Path | None = None,
     warn_positional: bool = True,
+    genes_beside_checkpoint: bool = False,
 ) -> SourceParts:
-    """Apply side files to ``parts.config``; note (for a warning) what stays unnamed."""
+    """Apply side files to ``parts.config``; note (for a warning) what stays unnamed.
+
+    ``genes_beside_checkpoint``: ``genes`` was not given but found next to the checkpoint (st3's
+    ``genes.json``), so its errors say how to fix or override it. The gene file is recorded in
+    ``provenance.genes_file``.
+    """
     config = parts.config
     notes = list(parts.notes)
     update: dict[str, Any] = {}
     new_vectors = parts.vectors
     if genes is not None:
-        update |= {"genes": read_gene_list(genes, config.num_genes), "genes_by_position": False}
+        fix = _GENE_LIST_FIX
+        if genes_beside_checkpoint:
+            fix = (
+                f"it sits next to the checkpoint, so it is read as the gene list by default: make "
+                f"it list the model's {config.num_genes} genes in training order, or pass "
+                "--genes FILE (sedd.load(..., genes=FILE)) to use another list"
+            )
+        update |= {
+            "genes": read_gene_list(genes, config.num_genes, fix=fix),
+            "genes_by_position": False,
+            "provenance": config.provenance.model_copy(update={"genes_file": str(genes)}),
+        }
     vector_dim = getattr(config.arch, "precomputed_emb_dim", None)
     if (perturbations is not None or vectors is not None) and not config.num_perturbations:
         raise CheckpointError(

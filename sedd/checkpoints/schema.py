@@ -168,6 +168,9 @@ class Provenance(BaseModel):
     step: int | None = None  # training step recorded in the source checkpoint
     ema: bool | None = None  # True: EMA weights, False: raw weights, None: unknown
     training_args: dict[str, Any] | None = None  # st3's args.json / the reference config
+    # the side file the gene names were read from (--genes, or st3's genes.json beside the
+    # checkpoint) when the model was loaded or converted; None: no file named them
+    genes_file: str | None = None
 
 
 def _arch_kind(value: Any) -> str:

@@ -3,10 +3,13 @@
 An st3 experiment directory holds ``args.json`` (the training arguments) and ``best.pt``,
 ``final.pt`` and ``epoch_N.pt``, each ``{"model_state_dict": ..., "optimizer_state_dict": ...,
 "step", "epoch", "best_loss", "history"}``. Inference picks best > final > highest epoch.
-Dimensions missing from ``args.json`` come from tensor shapes. st3 stores no gene names, so a
-gene list is a side file; perturbation names come from ``perturbation_names_all.txt`` (line i
-names index i, control = 0) or a mapping file; cell types from ``args.json``'s
-``cell_type_to_idx``; perturbation vectors (e.g. ESM2) from a ``{name: tensor}`` file.
+Dimensions missing from ``args.json`` come from tensor shapes. st3's training scripts write no
+gene names, so the genes are named by a side file: ``--genes FILE`` when given, else the first
+of ``genes.json`` (a JSON list of names in model order, or ``{name: index}``), ``genes.txt`` and
+``gene_names.txt`` (one name a line) found next to the checkpoints, else genes stay positional.
+Perturbation names come from ``perturbation_names_all.txt`` (line i names index i, control = 0)
+or a mapping file; cell types from ``args.json``'s ``cell_type_to_idx``; perturbation vectors
+(e.g. ESM2) from a ``{name: tensor}`` file.
 
 The side-file readers (``read_gene_list``, ``read_label_mapping``, ``read_vectors``,
 ``with_label_files``) accept these conventions for every source format; they live in
@@ -59,7 +62,7 @@ __all__ = [
 ST3_EPS = 1e-3  # st3's log-linear schedule
 _EPOCH_FILE = re.compile(r"epoch_(\d+)\.pt")
 _NAME_FILES = ("perturbation_names_all.txt", "perturbation_names_all.pt")
-_GENE_FILES = ("genes.txt", "gene_names.txt")
+_GENE_FILES = ("genes.json", "genes.txt", "gene_names.txt")  # the first found names the genes
 
 
 def choose_st3_checkpoint(exp_dir: Path, name: str | None = None) -> Path:
@@ -190,8 +193,13 @@ def load_st3(
             vectors = _resolve(args.get("cond_labels_pt_path"), exp_dir) or default(
                 ("protein_embeddings.pt",)
             )
+    gene_file = genes or default(_GENE_FILES)
     return with_label_files(
-        parts, genes=genes or default(_GENE_FILES), perturbations=perturbations, vectors=vectors
+        parts,
+        genes=gene_file,
+        perturbations=perturbations,
+        vectors=vectors,
+        genes_beside_checkpoint=genes is None and gene_file is not None,
     )
 
 

@@ -42,9 +42,10 @@ def run_provenance(
 
 
 def model_provenance(loaded: LoadedModel) -> dict[str, Any]:
-    """What every output records about the model's names: whether its genes are positions, and
-    the obs column its labels were trained from."""
+    """What every output records about the model's names: whether its genes are positions, the
+    file that named them, and the obs column its labels were trained from."""
     return {
         "genes_by_position": loaded.config.genes_by_position,
+        "genes_file": loaded.config.provenance.genes_file,
         "label_key": loaded.config.label_key,
     }
