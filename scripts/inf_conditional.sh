@@ -1,25 +1,34 @@
 #!/usr/bin/env bash
-# inf_conditional.sh - predict cells for perturbations with `sedd predict`, in shards.
+# inf_conditional.sh - st3's conditional inference job: scripts/inference_conditional.py, in
+# shards, then `sedd merge`. Every variable st3's bash/inf_conditional.sh and
+# slurm/inf_cond.sbatch read means what it means there; a variable left unset passes no flag, so
+# CONFIG's YAML (then the script's st3 defaults) decide, as in st3.
 #
-# st3's environment variables (EXPERIMENT_DIR required):
-#   EXPERIMENT_DIR        model: st3 experiment dir (args.json + best.pt ...) or native model dir
-#   CHECKPOINT            file inside it (st3: best.pt / final.pt / epoch_N.pt; default: best)
-#   GENES_FILE            gene names in model order, one a line, or an .h5ad whose var_names
-#                         are used (default: genes.txt in EXPERIMENT_DIR; st3 stores no names,
-#                         so without either genes are "0".."G-1" and sedd warns loudly)
-#   PERTURBATION_MAP      label name -> index file of an st3 perturbation model (JSON or one
-#                         name a line; default: the names files in EXPERIMENT_DIR)
-#   PERTURBATIONS_FILE    perturbations to predict, one a line (default: every label of the model)
-#   NUM_SAMPLES_PER_PERT  cells per perturbation                            (default 10, as st3)
-#   CELL_TYPE             condition every cell on this cell type            (default: none)
-#   NUM_STEPS             reverse diffusion steps                           (default 50)
-#   TEMPERATURE           sampling temperature                              (default 1.0)
-#   SEED                  cell i draws from the random stream (SEED, i)     (default 0)
-#   PRECISION             auto | bf16 | fp16 | fp32 (auto = bf16 where fast) (default auto)
-#   BATCH_SIZE            cells in flight (never changes a cell)            (default 64)
-#   OUTPUT_DIR            shards + merged file        (default $EXPERIMENT_DIR/inference_results)
-#   MERGED_FILE           merged h5ad                 (default $OUTPUT_DIR/generated_cells.h5ad)
+# st3's variables (EXPERIMENT_DIR required):
+#   EXPERIMENT_DIR        st3 experiment dir (args.json + best.pt ...) or a sedd model dir
+#   CONFIG                st3 YAML (sections data, inference, other)     --config
+#   CHECKPOINT            checkpoint file, as given (st3: from the cwd)   --checkpoint
+#   PERTURBATIONS_FILE    perturbations to predict, one a line            --perturbations_file
+#   MAPPING_DATA_PATH     accepted, noted (st3 parses it, uses it not)    --mapping_data_path
+#   TEST_DATA_PATH        held-out real cells for EVALUATE               --test_data_path
+#   NUM_SAMPLES_PER_PERT  cells per perturbation (default 10, st3's)      --num_samples_per_pert
+#   NUM_STEPS             reverse diffusion steps (default 50)            --num_steps
+#   TEMPERATURE           sampling temperature (default 1.0)              --temperature
+#   EVALUATE              true: `sedd evaluate` against TEST_DATA_PATH after the merge
+#   CELL_TYPE             condition every cell on this cell type          --cell_type
+#   SEED                  cell i draws from stream (SEED, i) (default 42) --seed
+# sedd's own:
+#   OVERWRITE=1           replace an earlier result in OUTPUT_DIR (default: refuse, before any
+#                         sampling); without SLURM it starts over (the old shards are removed)
+#   GENES_FILE            gene names (default: the experiment's genes.json/genes.txt) --genes
+#   PERTURBATION_MAP      all labels in training order                    --perturbations_all_file
+#   COND_LABELS_PT_PATH   perturbation vectors {name: tensor}             --cond_labels_pt_path
+#   PRECISION             auto | bf16 | fp16 | fp32 (default bf16, st3's) --precision
+#   BATCH_SIZE            cells in flight (never changes a cell)          --batch_size
+#   OUTPUT_DIR            shards + result (default $EXPERIMENT_DIR/inference_results); the
+#                         result is $OUTPUT_DIR/generated_cells.h5ad + generation_metadata.json
 #   NUM_SHARDS, SHARD_INDEX, SUBMIT_MERGE, SEDD: see scripts/sharded_run.sh
+# Arguments after the script name are passed on (st3's job scripts append "$@" too).
 #
 # Without SLURM it runs every shard in turn and merges:
 #   EXPERIMENT_DIR=models/pbmc_default bash scripts/inf_conditional.sh
@@ -29,17 +38,29 @@ source "$(dirname "${BASH_SOURCE[0]}")/sharded_run.sh"
 
 require_experiment_dir slurm/inf_cond.sbatch
 OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference_results}
-MERGED_FILE=${MERGED_FILE:-$OUTPUT_DIR/generated_cells.h5ad}
+MERGED_FILE=$OUTPUT_DIR/generated_cells.h5ad
+ST3_SCRIPT=inference_conditional.py
 
-cmd=("$(sedd_executable)" predict --model "$EXPERIMENT_DIR"
-  --cells-per-perturbation "${NUM_SAMPLES_PER_PERT:-10}"
-  --steps "${NUM_STEPS:-50}" --temperature "${TEMPERATURE:-1.0}" --seed "${SEED:-0}"
-  --precision "${PRECISION:-auto}" --batch-size "${BATCH_SIZE:-64}" --out-dir "$OUTPUT_DIR")
-[[ -z ${CHECKPOINT:-} ]] || cmd+=(--checkpoint "$CHECKPOINT")
-[[ -z ${GENES_FILE:-} ]] || cmd+=(--genes "$GENES_FILE")
-[[ -z ${PERTURBATION_MAP:-} ]] || cmd+=(--perturbation-map "$PERTURBATION_MAP")
-[[ -z ${PERTURBATIONS_FILE:-} ]] || cmd+=(--perturbations-file "$PERTURBATIONS_FILE")
-[[ -z ${CELL_TYPE:-} ]] || cmd+=(--cell-type "$CELL_TYPE")
+cmd=("$(sedd_python)" "$SEDD_REPO/scripts/inference_conditional.py"
+  --experiment_dir "$EXPERIMENT_DIR" --output_dir "$OUTPUT_DIR")
+st3_flag --config CONFIG
+st3_flag --checkpoint CHECKPOINT
+st3_flag --perturbations_file PERTURBATIONS_FILE
+st3_flag --mapping_data_path MAPPING_DATA_PATH
+st3_flag --test_data_path TEST_DATA_PATH
+st3_flag --num_samples_per_pert NUM_SAMPLES_PER_PERT
+st3_flag --num_steps NUM_STEPS
+st3_flag --temperature TEMPERATURE
+st3_flag --cell_type CELL_TYPE
+st3_flag --seed SEED
+st3_flag --genes GENES_FILE
+st3_flag --perturbations_all_file PERTURBATION_MAP
+st3_flag --cond_labels_pt_path COND_LABELS_PT_PATH
+st3_flag --precision PRECISION
+st3_flag --batch_size BATCH_SIZE
+[[ ${OVERWRITE:-0} != 1 ]] || cmd+=(--overwrite)
+cmd+=("$@")
 
+check_evaluate
 echo "$(date -Is) $(hostname -s): ${cmd[*]}"
 run_sharded "${cmd[@]}"

@@ -1,42 +1,63 @@
 #!/usr/bin/env bash
-# inf_generation.sh - generate cells with `sedd generate`, in shards.
+# inf_generation.sh - st3's generation job: scripts/inference_generation.py, in shards, then
+# `sedd merge`. Every variable st3's bash/inf_generation.sh reads means what it means there; a
+# variable left unset passes no flag, so CONFIG's YAML (then st3's defaults) decide.
 #
-# st3's environment variables (EXPERIMENT_DIR required):
-#   EXPERIMENT_DIR   model: st3 experiment dir (args.json + best.pt ...) or native model dir
-#   CHECKPOINT       file inside it (st3: best.pt / final.pt / epoch_N.pt; default: best)
-#   GENES_FILE       gene names in model order, one a line, or an .h5ad whose var_names
-#                    are used (default: genes.txt in EXPERIMENT_DIR; st3 stores no names,
-#                    so without either genes are "0".."G-1" and sedd warns loudly)
-#   PERTURBATION_MAP label name -> index file of an st3 perturbation model (JSON or one
-#                    name a line; default: the names files in EXPERIMENT_DIR)
-#   NUM_GENERATE     cells to generate (per condition for conditional models)   (default 1000)
-#   CELL_TYPE        condition every cell on this cell type                     (default: none)
-#   NUM_STEPS        reverse diffusion steps                                    (default 50)
-#   TEMPERATURE      sampling temperature                                       (default 1.0)
-#   SEED             cell i draws from the random stream (SEED, i)              (default 0)
-#   PRECISION        auto | bf16 | fp16 | fp32 (auto = bf16 where fast)         (default auto)
-#   BATCH_SIZE       cells in flight (never changes a cell)                     (default 64)
-#   OUTPUT_DIR       shards + merged file                 (default $EXPERIMENT_DIR/inference)
-#   MERGED_FILE      merged h5ad                 (default $OUTPUT_DIR/generated_cells.h5ad)
+# st3's variables (EXPERIMENT_DIR required):
+#   EXPERIMENT_DIR   st3 experiment dir (args.json + best.pt ...) or a sedd model dir
+#   CONFIG           st3 YAML (inference.num_generate, reference_data, output_path, ...)  --config
+#   CHECKPOINT       checkpoint file, as given (st3: from the cwd)          --checkpoint
+#   REFERENCE_DATA   h5ad whose var_names name the genes                    --reference_data
+#   OUTPUT_PATH      the h5ad to write (default $OUTPUT_DIR/generated_cells.h5ad) --output_path
+#   NUM_GENERATE     cells to generate (default 100, st3's)                 --num_generate
+#   NUM_STEPS        reverse diffusion steps (default 100, st3's)           --num_steps
+#   TEMPERATURE      sampling temperature (default 1.0)                     --temperature
+#   SEED             cell i draws from stream (SEED, i) (default 42)        --seed
+#   KEEP_SPARSE      true: accepted, noted (sedd always writes sparse X)    --keep_sparse
+# sedd's own:
+#   OVERWRITE=1      replace an earlier result (default: refuse, before any sampling)
+#   GENES_FILE       gene names (default: the experiment's genes.json/genes.txt)  --genes
+#   PRECISION        auto | bf16 | fp16 | fp32 (default bf16, st3's)       --precision
+#   BATCH_SIZE       cells in flight (never changes a cell)                 --batch_size
+#   OUTPUT_DIR       shards + result (default $EXPERIMENT_DIR/inference)
 #   NUM_SHARDS, SHARD_INDEX, SUBMIT_MERGE, SEDD: see scripts/sharded_run.sh
+# Arguments after the script name are passed on.
 #
 # Without SLURM it runs every shard in turn and merges:
-#   EXPERIMENT_DIR=models/pbmc_default NUM_GENERATE=20 bash scripts/inf_generation.sh
+#   EXPERIMENT_DIR=exp/mlm NUM_GENERATE=20 bash scripts/inf_generation.sh
 # On SLURM, slurm/inf_gen.sbatch runs it once per array task (one shard each).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/sharded_run.sh"
 
 require_experiment_dir slurm/inf_gen.sbatch
 OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference}
-MERGED_FILE=${MERGED_FILE:-$OUTPUT_DIR/generated_cells.h5ad}
+if [[ -n ${OUTPUT_PATH:-} ]]; then  # the shards go beside the file they merge into
+  OUTPUT_DIR=$(dirname "$OUTPUT_PATH")
+  MERGED_FILE=$OUTPUT_PATH
+else
+  MERGED_FILE=$OUTPUT_DIR/generated_cells.h5ad
+fi
 
-cmd=("$(sedd_executable)" generate --model "$EXPERIMENT_DIR" --cells "${NUM_GENERATE:-1000}"
-  --steps "${NUM_STEPS:-50}" --temperature "${TEMPERATURE:-1.0}" --seed "${SEED:-0}"
-  --precision "${PRECISION:-auto}" --batch-size "${BATCH_SIZE:-64}" --out-dir "$OUTPUT_DIR")
-[[ -z ${CHECKPOINT:-} ]] || cmd+=(--checkpoint "$CHECKPOINT")
-[[ -z ${GENES_FILE:-} ]] || cmd+=(--genes "$GENES_FILE")
-[[ -z ${PERTURBATION_MAP:-} ]] || cmd+=(--perturbation-map "$PERTURBATION_MAP")
-[[ -z ${CELL_TYPE:-} ]] || cmd+=(--cell-type "$CELL_TYPE")
+cmd=("$(sedd_python)" "$SEDD_REPO/scripts/inference_generation.py"
+  --experiment_dir "$EXPERIMENT_DIR" --output_dir "$OUTPUT_DIR")
+st3_flag --config CONFIG
+st3_flag --checkpoint CHECKPOINT
+st3_flag --reference_data REFERENCE_DATA
+st3_flag --output_path OUTPUT_PATH
+st3_flag --num_generate NUM_GENERATE
+st3_flag --num_steps NUM_STEPS
+st3_flag --temperature TEMPERATURE
+st3_flag --seed SEED
+st3_flag --genes GENES_FILE
+st3_flag --precision PRECISION
+st3_flag --batch_size BATCH_SIZE
+case ${KEEP_SPARSE:-false} in
+  true) cmd+=(--keep_sparse) ;;
+  false) ;;
+  *) echo "error: KEEP_SPARSE=$KEEP_SPARSE: use true or false (st3's values)." >&2; exit 2 ;;
+esac
+[[ ${OVERWRITE:-0} != 1 ]] || cmd+=(--overwrite)
+cmd+=("$@")
 
 echo "$(date -Is) $(hostname -s): ${cmd[*]}"
 run_sharded "${cmd[@]}"

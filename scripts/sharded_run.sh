@@ -1,6 +1,6 @@
 # sharded_run.sh - shared by scripts/inf_conditional.sh and scripts/inf_generation.sh (sourced,
-# not run). `run_sharded CMD...` runs one `sedd predict|generate ... --out-dir DIR` command in the
-# right shard mode:
+# not run). `run_sharded CMD...` runs one scripts/inference_*.py command in the right shard
+# mode (with one shard the command writes its result itself and there is nothing to merge):
 #
 #   inside a SLURM job array   this task's shard: NUM_SHARDS = SLURM_ARRAY_TASK_COUNT and
 #                              SHARD_INDEX = SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN (or, when
@@ -12,7 +12,8 @@
 #   otherwise                  every shard 0..NUM_SHARDS-1 in turn, then `sedd merge`.
 #
 # Completed shards are skipped and partial ones resumed by sedd itself, so any of these can be
-# rerun after an interruption. Needs OUTPUT_DIR and MERGED_FILE set by the caller.
+# rerun after an interruption, until the merged file exists: then a rerun is refused before any
+# sampling unless OVERWRITE=1. Needs OUTPUT_DIR and MERGED_FILE set by the caller.
 
 # The sedd executable: $SEDD if set, else `sedd` on PATH, else this repository's .venv (found
 # from this script's own location, so no environment needs activating, from any directory).
@@ -28,6 +29,34 @@ sedd_executable() {
     echo "error: no 'sedd' executable: activate the environment, or set SEDD=/path/to/sedd" >&2
     return 1
   fi
+}
+
+# The Python of that environment (it runs the st3-compatible scripts/inference_*.py).
+sedd_python() {
+  local sedd
+  sedd=$(sedd_executable) || return 1
+  if [[ -x $(dirname "$sedd")/python ]]; then
+    echo "$(dirname "$sedd")/python"
+  else
+    command -v python3
+  fi
+}
+
+# st3_flag FLAG VAR: append FLAG "$VAR" to the global cmd array when VAR is set and not empty
+# (an unset variable passes nothing, so --config's YAML or the script's default decides).
+st3_flag() {
+  local value=${!2:-}
+  [[ -z $value ]] || cmd+=("$1" "$value")
+}
+
+# EVALUATE=true needs the test cells: from TEST_DATA_PATH, or data.test_data_path in CONFIG
+# (the script checks that before sampling). Anything else but false is refused.
+check_evaluate() {
+  case ${EVALUATE:-false} in
+    true) cmd+=(--evaluate) ;;
+    false) ;;
+    *) echo "error: EVALUATE=$EVALUATE: use true or false (st3's values)." >&2; exit 2 ;;
+  esac
 }
 
 require_experiment_dir() {
@@ -55,14 +84,28 @@ submit_merge_once() {
     --job-name="${SLURM_JOB_NAME:-sedd}-merge" \
     --dependency="afterok:$SLURM_ARRAY_JOB_ID" \
     --kill-on-invalid-dep=yes \
-    --export="ALL,OUTPUT_DIR=$OUTPUT_DIR,MERGED_FILE=$MERGED_FILE" \
+    --export="ALL,OUTPUT_DIR=$OUTPUT_DIR,MERGED_FILE=$MERGED_FILE,OVERWRITE=${OVERWRITE:-0},EVALUATE=${EVALUATE:-false}" \
     "${SLURM_SUBMIT_DIR:-.}/slurm/merge.sbatch")
   echo "${job%%;*}" >"$marker/job_id"
   echo "submitted merge job ${job%%;*} (runs after array $SLURM_ARRAY_JOB_ID succeeds)"
 }
 
+# The merge, with OVERWRITE=1 replacing an earlier merged file; then, when the run asked for
+# --evaluate (EVALUATE=true, recorded in generation_metadata.json), `sedd evaluate` on it.
 merge_now() {
-  "$(sedd_executable)" merge "$OUTPUT_DIR" --out "$MERGED_FILE"
+  local overwrite=()
+  [[ ${OVERWRITE:-0} != 1 ]] || overwrite=(--overwrite)
+  "$(sedd_executable)" merge "$OUTPUT_DIR" --out "$MERGED_FILE" "${overwrite[@]}"
+  if [[ ${EVALUATE:-false} == true ]]; then
+    "$(sedd_python)" -m sedd.commands.st3_scripts "$MERGED_FILE"
+  fi
+}
+
+# OVERWRITE=1 without SLURM starts over: the shards of the earlier request go first (an array's
+# tasks run at once, so there they are never removed: delete OUTPUT_DIR by hand).
+start_over() {
+  [[ ${OVERWRITE:-0} == 1 ]] || return 0
+  rm -rf "$OUTPUT_DIR/shards" "$OUTPUT_DIR/request.json"
 }
 
 run_sharded() {
@@ -83,6 +126,10 @@ run_sharded() {
         "contiguous --array=0-$((num - 1)), or set NUM_SHARDS." >&2
       exit 2
     fi
+    if ((num == 1)); then  # one shard: the script writes the result itself, no merge
+      "$@"
+      return
+    fi
     submit_merge_once
     echo "array $SLURM_ARRAY_JOB_ID task $SLURM_ARRAY_TASK_ID: shard $index of $num"
     "$@" --num-shards "$num" --shard-index "$index"
@@ -92,6 +139,11 @@ run_sharded() {
       "--out $MERGED_FILE"
   else
     num=${NUM_SHARDS:-1}
+    if ((num == 1)); then
+      "$@"
+      return
+    fi
+    start_over
     for ((index = 0; index < num; index++)); do
       "$@" --num-shards "$num" --shard-index "$index"
     done

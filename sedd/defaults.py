@@ -48,3 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "models" / "pbmc_default"
 # The bundled real counts (PBMC 68k reduced, 700 cells x 765 genes) the default model trained on.
 BUNDLED_DATA = ROOT / "data" / "pbmc68k_counts.h5ad"
+
+# Cells per perturbation when none is asked for: st3's own default (`--num_samples_per_pert`),
+# shared by every entry point (the st3 scripts, `sedd predict`, `Model.predict`, HTTP /predict).
+CELLS_PER_PERTURBATION = 10

@@ -149,6 +149,7 @@ def add_output_arguments(
     where.add_argument(
         "--out", type=Path, default=None, help=f"write one .h5ad file (default {default_out})"
     )
+    add_overwrite_argument(p)
     add_counts_dtype_argument(p)
     p.set_defaults(default_out=default_out)
     if not shards:
@@ -160,6 +161,14 @@ def add_output_arguments(
         help="sharded, resumable output: DIR/request.json + DIR/shards/; `sedd merge DIR` joins",
     )
     add_shard_arguments(p)
+
+
+def add_overwrite_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file (default: refuse before any work; nothing is lost)",
+    )
 
 
 def add_counts_dtype_argument(p: argparse.ArgumentParser) -> None:

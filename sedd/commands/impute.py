@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import request_from_args, run_request
-    from sedd.io.files import check_writable
+    from sedd.io.files import check_writable, refuse_existing
     from sedd.request.imputation import (
         dropped_genes_warning,
         imputation_conditions,
@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
+    refuse_existing(args.out or args.default_out, overwrite=args.overwrite)
     check_writable(args.out or args.default_out)  # before the work, not after it
     loaded = load_from_args(args)
     if args.cell_type is not None and args.cell_type_key is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.commands.args import add_counts_dtype_argument
+from sedd.commands.args import add_counts_dtype_argument, add_overwrite_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,19 +14,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="merge the shards of a --out-dir run into one .h5ad",
         description="Check that every shard 0..n-1 of DIR is present, belongs to DIR's request, "
         "matches its sha256 and covers exactly its cells, then write FILE atomically (and "
-        "FILE.metrics.json). Safe to run again.",
+        "FILE.metrics.json). An existing FILE is replaced only with --overwrite.",
     )
     p.add_argument("dir", type=Path, metavar="DIR", help="the --out-dir of generate/predict")
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="merged .h5ad")
+    add_overwrite_argument(p)
     add_counts_dtype_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sedd.batch.merge import merge_shards
+    from sedd.commands.output import claim_output
     from sedd.io.files import check_writable
 
-    check_writable(args.out)
+    check_writable(claim_output(args.out, args.overwrite))
     summary = merge_shards(args.dir, args.out, count_dtype=args.counts_dtype)
     timings = summary["timings"]
     print(

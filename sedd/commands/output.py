@@ -15,7 +15,7 @@ from sedd.batch.run import progress_bar, run_plan
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.io.files import check_writable, write_json_atomic
+from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.request.imputation import Imputation
@@ -38,11 +38,22 @@ def run_request(
                 f"{shard.count} shards (--num-shards or $SLURM_ARRAY_TASK_COUNT) need --out-dir "
                 "DIR: each shard writes DIR/shards/..., and `sedd merge DIR` joins them."
             )
-        out = args.out or args.default_out
+        out = claim_output(args.out or args.default_out, args.overwrite)
         return write_one_file(planned, args.precision, out, args.counts_dtype)
     if args.counts_dtype != "int":
         raise ValueError("--counts-dtype float32 applies to `sedd merge` in --out-dir mode.")
     return run_shard(planned, args.precision, args.out_dir, shard)
+
+
+def claim_output(out: Path, overwrite: bool) -> Path:
+    """``out``, once it may be written: refused when it holds an earlier result (unless
+    ``overwrite``); with ``overwrite``, the records describing the old cells are removed first,
+    so none outlives them (``sedd.io.files.stale_records``)."""
+    refuse_existing(out, overwrite=overwrite)
+    if out.exists():  # records of a file not yet written describe the run now writing it
+        for record in stale_records(out):
+            record.unlink(missing_ok=True)
+    return out
 
 
 def request_from_args(

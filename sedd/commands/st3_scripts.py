@@ -2,21 +2,28 @@
 ``sedd generate`` / ``sedd predict``: st3 flag names in, gene-named h5ad out, where st3 puts it.
 
 - ``inference_generation``: ``--num_generate`` cells of an unconditional model ->
-  ``<experiment_dir>/inference/generated_cells.h5ad``.
+  ``<experiment_dir>/inference/generated_cells.h5ad`` (or st3's ``--output_path``).
 - ``inference_conditional``: ``--num_samples_per_pert`` cells per perturbation, control included
-  -> ``<experiment_dir>/inference_results/generated_cells.h5ad``.
+  -> ``<experiment_dir>/inference_results/generated_cells.h5ad``; ``--evaluate`` then runs
+  ``sedd evaluate`` against ``--test_data_path``.
 - ``inference_perturbseq``: the conditional run for the perturbations of ``--reference_data``'s
   held-out cells, then ``sedd.eval.metrics`` against them -> ``.../inference_results/perturbseq/``.
 
-Each also writes ``generation_metadata.json``. ``--output_dir`` moves the outputs. Precision
-defaults to bf16 (st3's setting); on a CPU without native bf16 the precision policy warns that it
-is emulated and slow, and ``--precision fp32`` is faster there. ``--num-shards/--shard-index``
-(or a SLURM array) write resumable shards into the output directory; ``sedd merge`` joins them.
+Every st3 flag and ``--config`` YAML key is in ``sedd.commands.st3_flags.ST3_FLAGS``, with st3's
+defaults and precedence (command line > YAML > default). Each run also writes
+``generation_metadata.json`` beside its file; a file (or, for sharded runs, the merged file) that
+exists is never replaced without ``--overwrite``, checked before sampling, and a replaced file's
+old metadata is removed before the new cells are written, so the two always describe one run.
+Precision defaults to bf16 (st3's setting); on a CPU without native bf16 the precision policy
+warns that it is emulated and slow, and ``--precision fp32`` is faster there.
+``--num-shards/--shard-index`` (or a SLURM array) write resumable shards into the output
+directory; ``sedd merge`` joins them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,58 +33,75 @@ from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_shard_arguments
 from sedd.commands.loading import load_from_args
-from sedd.commands.output import (
-    request_from_args,
-    run_shard,
-    write_one_file,
+from sedd.commands.output import request_from_args, run_shard, write_one_file
+from sedd.commands.st3_flags import (
+    Script,
+    add_st3_flags,
+    config_path,
+    notes_for,
+    read_st3_config,
 )
 from sedd.defaults import default_device
-from sedd.io.files import write_json_atomic
+from sedd.io.files import refuse_existing, stale_records, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest, plan
 
+METADATA = "generation_metadata.json"
+OVERWRITE = "--overwrite (job scripts: OVERWRITE=1)"
 
-def _common_parser(description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--experiment_dir", required=True, help="st3 experiment or any sedd model dir")
-    p.add_argument("--checkpoint", help="file in the experiment dir (default best > final > epoch)")
-    p.add_argument("--genes", help="gene names file (one a line, or an h5ad's var_names)")
-    p.add_argument("--config", help="accepted for st3 compatibility; the model's own config rules")
-    p.add_argument("--num_steps", type=int, default=50, help="reverse steps (default 50)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="cell i draws from stream (seed, i)")
-    p.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16")
-    p.add_argument("--batch_size", type=int, default=64, help="cells in flight; never changes one")
-    p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
-    p.add_argument(
+
+def _parser(script: Script, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    add_st3_flags(p, script)
+    own = p.add_argument_group("sedd options (not st3's)")
+    own.add_argument("--genes", help="gene names file (one a line, or an h5ad's var_names)")
+    own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16",
+                     help="default bf16, st3's")  # fmt: skip
+    own.add_argument("--batch_size", type=int, default=64, help="cells in flight (default 64)")
+    own.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
+    own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    own.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
+    own.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing generated_cells.h5ad (default: refuse, nothing is lost)",
+        help="replace an existing result (default: refuse before sampling; nothing is lost)",
     )
-    add_shard_arguments(p)
+    if script != "generation":
+        own.add_argument("--cell_type", help="condition every cell on this cell type")
+        own.add_argument("--no_control", action="store_true", help="generate no control cells")
+    add_shard_arguments(own)
     return p
 
 
-def _add_conditional_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--perturbations_file", help="perturbation names, one a line (default: all)")
-    p.add_argument("--perturbations_all_file", help="all names in label order (index mapping)")
-    p.add_argument("--cond_labels_pt_path", help="perturbation vectors {name: tensor}")
-    p.add_argument("--control_name", help="the control label (default: the model's)")
-    p.add_argument("--no_control", action="store_true", help="generate no control cells")
-    p.add_argument("--cell_type", help="condition every cell on this cell type")
-    p.add_argument("--num_samples_per_pert", type=int, default=100)
+def _parse(p: argparse.ArgumentParser, script: Script, argv: Sequence[str] | None) -> Any:
+    """st3's two-pass parse: ``--config``'s YAML sets defaults, the command line wins. Prints one
+    note per st3-only flag that was set, and one for the YAML keys nothing reads."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    base = {a.dest: a.default for a in p._actions}
+    config, from_yaml, unused = config_path(argv), {}, []
+    if config is not None:
+        from_yaml, unused = read_st3_config(config, script, p)
+        p.set_defaults(**from_yaml)
+    args = p.parse_args(argv)
+    given = {dest for dest, default in base.items() if getattr(args, dest, default) != default}
+    args.from_yaml = set(from_yaml)
+    for note in notes_for(script, given | set(from_yaml)):
+        print(f"note: {note}", file=sys.stderr)
+    if unused:
+        print(f"note: --config {config}: not read by this script (st3's neither): "
+              f"{', '.join(unused)}", file=sys.stderr)  # fmt: skip
+    return args
 
 
 def _load(args: argparse.Namespace, genes: str | None = None) -> LoadedModel:
-
     args.model = args.experiment_dir
     args.raw_weights = False
     args.genes = genes if genes is not None else args.genes
     args.perturbation_map = getattr(args, "perturbations_all_file", None)
     args.vectors = getattr(args, "cond_labels_pt_path", None)
     args.device = args.device or default_device()
+    if args.checkpoint is not None and Path(args.checkpoint).is_file():
+        args.checkpoint = str(Path(args.checkpoint).resolve())  # st3: as given, from the cwd
     return load_from_args(args)
 
 
@@ -94,52 +118,93 @@ def _shard(args: argparse.Namespace) -> Shard:
     return resolve_shard(args.num_shards, args.shard_index)
 
 
+def _metadata_path(out: Path) -> Path:
+    """st3's ``generation_metadata.json`` beside ``generated_cells.h5ad``; beside a file named
+    otherwise (``--output_path``), ``<stem>.generation_metadata.json``."""
+    if out.name == "generated_cells.h5ad":
+        return out.parent / METADATA
+    return out.with_name(f"{out.stem}.{METADATA}")
+
+
+def _refuse_early(out: Path, args: argparse.Namespace) -> Path:
+    """``out``, or the refusal to replace it, before the model is even loaded."""
+    refuse_existing(out, overwrite=args.overwrite, flag=OVERWRITE)
+    return out
+
+
+def _claim(out: Path, args: argparse.Namespace, also: tuple[Path, ...] = ()) -> None:
+    """Before any sampling: refuse when ``out`` holds an earlier run's cells (unless
+    ``--overwrite``); when it does and may be replaced, the records that describe the old cells
+    go first, so no moment leaves metadata of one run beside the cells of another."""
+    refuse_existing(out, overwrite=args.overwrite, flag=OVERWRITE)
+    if out.exists():
+        for record in [*stale_records(out), _metadata_path(out), *also]:
+            record.unlink(missing_ok=True)
+
+
+_SHARD_FLAGS = ("--num-shards", "--num_shards", "--shard-index", "--shard_index")
+
+
+def _argv() -> list[str]:
+    """The command line without the shard flags (the same for every shard of a run)."""
+    argv, words = [], iter(sys.argv[1:])
+    for word in words:
+        if word in _SHARD_FLAGS:
+            next(words, None)  # its value
+        elif word.split("=", 1)[0] not in _SHARD_FLAGS:
+            argv.append(word)
+    return argv
+
+
 def _write(
     loaded: LoadedModel,
     request: GenerationRequest,
     args: argparse.Namespace,
-    out_dir: Path,
+    out: Path,
     script: str,
     extra: dict[str, Any] | None = None,
+    also: tuple[Path, ...] = (),
 ) -> Path | None:
-    """One file (``out_dir/generated_cells.h5ad`` + metadata), or this process's shard."""
+    """One file (``out`` + metadata), or this process's shard of the directory ``out`` will be
+    merged from. A sharded run writes its metadata first (every shard the same, naming the
+    request whose merged shards become ``out``); a sharded run with ``--overwrite`` removes the
+    old ``out`` too, which the merge would replace."""
     shard, planned = _shard(args), plan(loaded, request)
-    out = out_dir / "generated_cells.h5ad"
-    if shard.count == 1 and out.exists() and not args.overwrite:
-        raise FileExistsError(
-            f"{out} exists (an earlier run's cells); pass --overwrite to replace it, or "
-            "--output_dir DIR to write elsewhere."
-        )
-    if shard.count > 1:
-        run_shard(planned, args.precision, out_dir, shard)
-        print(
-            f"when every shard is done: sedd merge {out_dir} --out {out_dir}/generated_cells.h5ad"
-        )
-        return None
-    summary = write_one_file(planned, args.precision, out)
+    _claim(out, args, also + ((out,) if shard.count > 1 else ()))
     metadata = {
         "script": script,
-        "argv": sys.argv[1:],
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "argv": _argv(),
+        "args": {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
+                 for k, v in vars(args).items() if k not in ("shard_index", "num_shards")},
         "model": str(loaded.path),
         "model_sha256": loaded.file_hash,
         "request": request.record(),
         "output": str(out),
-        "num_cells": summary["cells"],
         "genes": len(loaded.config.genes),
-        "summary": summary,
+        "num_cells": len(planned),
         **(extra or {}),
-    }
-    write_json_atomic(out_dir / "generation_metadata.json", metadata)
+    }  # fmt: skip
+    if shard.count > 1:
+        metadata.update(status="sharded: merged by `sedd merge`", num_shards=shard.count)
+        write_json_atomic(_metadata_path(out), metadata)
+        run_shard(planned, args.precision, out.parent, shard)
+        print(f"when every shard is done: sedd merge {out.parent} --out {out}")
+        return None
+    summary = write_one_file(planned, args.precision, out)
+    metadata.update(num_cells=summary["cells"], summary=summary)
+    write_json_atomic(_metadata_path(out), metadata)
     return out
 
 
 def inference_generation(argv: Sequence[str] | None = None) -> int:
-    p = _common_parser("Generate cells from an unconditional model (st3 inference_generation).")
-    p.add_argument("--reference_data", help="h5ad whose var_names name the genes (st3)")
-    p.add_argument("--num_generate", type=int, default=1000, help="cells to generate")
-    p.add_argument("--keep_sparse", action="store_true", help="accepted; sparse is automatic")
-    args = p.parse_args(argv)
+    p = _parser(
+        "generation", "Generate cells of an unconditional model (st3 inference_generation)."
+    )
+    args = _parse(p, "generation", argv)
+    out_dir = args.output_dir or Path(args.experiment_dir) / "inference"
+    out = _refuse_early(
+        Path(args.output_path) if args.output_path else out_dir / "generated_cells.h5ad", args
+    )
     loaded = _load(args)
     if loaded.config.genes_by_position and args.reference_data and args.genes is None:
         loaded = _load(args, genes=args.reference_data)  # st3 copies var from the reference
@@ -149,31 +214,90 @@ def inference_generation(argv: Sequence[str] | None = None) -> int:
             "(or `sedd predict`)."
         )
     request = _sampling_request(args, args.num_generate, None)
-    out_dir = args.output_dir or Path(args.experiment_dir) / "inference"
-    _write(loaded, request, args, out_dir, "inference_generation")
+    _write(loaded, request, args, out, "inference_generation")
     return 0
 
 
+def _names(args: argparse.Namespace) -> list[str] | None:
+    """The perturbations asked for: ``--perturbations`` or ``--perturbations_file`` (one of the
+    two on the command line; the command line's wins over the YAML's file)."""
+    listed, file = getattr(args, "perturbations", None), args.perturbations_file
+    if listed and file and "perturbations_file" not in args.from_yaml:
+        raise ValueError(
+            f"--perturbations {' '.join(listed)} and --perturbations_file {file} both name the "
+            "perturbations to generate; pass one of them."
+        )
+    if listed:
+        return list(listed)
+    return read_perturbation_file(file) if file else None
+
+
+def _conditions(loaded: LoadedModel, names: list[str] | None, args: Any) -> list[str]:
+    """st3's: exactly the perturbations listed, in their order (the control only where it is
+    listed); with no list, every label of the model, control first (unless ``--no_control``)."""
+    if names is None:
+        return perturbation_conditions(
+            loaded, None, include_control=not args.no_control, control=args.control_name
+        )
+    loaded.perturbation_labels(names)  # unknown names: an error with suggestions
+    if args.control_name is not None:
+        loaded.perturbation_labels([args.control_name])
+    control = args.control_name or loaded.config.control_label
+    chosen = [n for n in dict.fromkeys(names) if not (args.no_control and n == control)]
+    if not chosen:
+        raise ValueError(f"nothing to generate: the only perturbation listed is the control "
+                         f"{control!r}, and --no_control leaves it out.")  # fmt: skip
+    return chosen
+
+
+def _evaluation_args(args: argparse.Namespace) -> Path | None:
+    """``--test_data_path`` when ``--evaluate`` asks for it, checked before any sampling."""
+    if not args.evaluate:
+        return None
+    if args.test_data_path is None:
+        raise ValueError("--evaluate needs --test_data_path FILE.h5ad (or data.test_data_path in "
+                         "--config): the real cells to compare with.")  # fmt: skip
+    test = Path(args.test_data_path)
+    if not test.is_file():
+        raise FileNotFoundError(f"--test_data_path {test}: file not found.")
+    if _shard(args).count > 1:
+        print("--evaluate: a sharded run is evaluated after `sedd merge DIR --out FILE`, by "
+              "`python -m sedd.commands.st3_scripts FILE` (the job scripts do so).")  # fmt: skip
+    return test
+
+
+def _evaluate(test: Path, out: Path, args: argparse.Namespace) -> None:
+    """``sedd evaluate --real TEST --generated OUT``, st3's ``--gene`` naming the test labels."""
+    from sedd.commands import evaluate
+
+    sub = argparse.ArgumentParser(allow_abbrev=False).add_subparsers()
+    evaluate.register(sub)
+    cmd = ["evaluate", "--real", str(test), "--generated", str(out),
+           "--real-condition-key", args.gene, "--condition-key", "perturbation",
+           "--seed", str(args.seed)]  # fmt: skip
+    print(f"--evaluate: sedd {' '.join(cmd)}")
+    parsed = sub._name_parser_map["evaluate"].parse_args(cmd[1:])
+    parsed.func(parsed)
+
+
 def inference_conditional(argv: Sequence[str] | None = None) -> int:
-    p = _common_parser("Generate cells per perturbation (st3 inference_conditional).")
-    _add_conditional_flags(p)
-    args = p.parse_args(argv)
-    names = read_perturbation_file(args.perturbations_file) if args.perturbations_file else None
-    loaded = _load(args)
-    conditions = perturbation_conditions(
-        loaded, names, include_control=not args.no_control, control=args.control_name
-    )
-    request = _sampling_request(args, args.num_samples_per_pert, conditions)
+    p = _parser("conditional", "Generate cells per perturbation (st3 inference_conditional).")
+    args = _parse(p, "conditional", argv)
+    names, test = _names(args), _evaluation_args(args)
     out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results"
-    _write(loaded, request, args, out_dir, "inference_conditional")
+    out = _refuse_early(out_dir / "generated_cells.h5ad", args)
+    loaded = _load(args)
+    request = _sampling_request(args, args.num_samples_per_pert, _conditions(loaded, names, args))
+    if _write(loaded, request, args, out, "inference_conditional") and test is not None:
+        _evaluate(test, out, args)
     return 0
 
 
 def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
-    p = _common_parser(
-        "Predict the perturbations of held-out reference cells and evaluate against them."
+    p = _parser(
+        "perturbseq",
+        "Predict the perturbations of held-out reference cells and evaluate against them.",
     )
-    _add_conditional_flags(p)
     p.add_argument("--reference_data", required=True, help="h5ad of real cells (raw counts)")
     p.add_argument(
         "--condition_key",
@@ -183,21 +307,22 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split_key", default="split", help="obs column of the split (if present)")
     p.add_argument("--split_value", default="test", help="held-out value of --split_key")
     p.add_argument("--n_pcs", type=int, default=50, help="PCs for the distribution metrics")
-    args = p.parse_args(argv)
+    args = _parse(p, "perturbseq", argv)
     if _shard(args).count > 1:
         raise ShardError(
             "inference_perturbseq evaluates all cells at once; for sharded runs use `sedd "
             "predict --out-dir`, `sedd merge`, then `sedd evaluate`."
         )
+    out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results" / "perturbseq"
+    out = _refuse_early(out_dir / "generated_cells.h5ad", args)
     loaded = _load(args)
     from sedd.eval.st3 import held_out_reference, perturbseq_metrics
 
     reference = held_out_reference(
         args.reference_data, loaded, args.condition_key, args.split_key, args.split_value
     )
-    if args.perturbations_file:
-        names = read_perturbation_file(args.perturbations_file)
-    else:  # the reference's labels the model knows
+    names = _names(args)
+    if names is None:  # the reference's labels the model knows
         known = set(loaded.conditions)
         names = [name for name in reference.labels if name in known]
         if not names:
@@ -209,12 +334,10 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         loaded, names, include_control=not args.no_control, control=args.control_name
     )
     request = _sampling_request(args, args.num_samples_per_pert, conditions)
-    out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results" / "perturbseq"
-    out = _write(loaded, request, args, out_dir, "inference_perturbseq", reference.describe())
-    if out is None:  # cannot happen: one shard was checked above
-        raise RuntimeError("inference_perturbseq wrote shards instead of one file.")
+    extra, metrics_file = reference.describe(), out_dir / "metrics.json"
+    _write(loaded, request, args, out, "inference_perturbseq", extra, also=(metrics_file,))
     metrics = perturbseq_metrics(reference, out, n_pcs=args.n_pcs, seed=args.seed)
-    write_json_atomic(out_dir / "metrics.json", metrics)
+    write_json_atomic(metrics_file, metrics)
     overall = metrics["overall"]
     shown = ", ".join(
         f"{key} {overall[key]:.4g}"
@@ -228,6 +351,24 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def evaluate_merged(argv: Sequence[str] | None = None) -> int:
+    """``--evaluate`` for a sharded run, after ``sedd merge``: the test set and label column
+    are the ones its ``generation_metadata.json`` recorded (from flags or ``--config``)."""
+    p = argparse.ArgumentParser(description=evaluate_merged.__doc__, allow_abbrev=False)
+    p.add_argument("merged", type=Path, help="the merged generated_cells.h5ad")
+    merged = p.parse_args(argv).merged
+    meta = _metadata_path(merged)
+    if not meta.is_file():
+        raise FileNotFoundError(f"{meta} not found: {merged} was not written by an st3 script.")
+    recorded = json.loads(meta.read_text())["args"]
+    args = argparse.Namespace(**{k: recorded.get(k) for k in ("gene", "seed", "evaluate")})
+    args.test_data_path = recorded.get("test_data_path")
+    args.num_shards = args.shard_index = None
+    args.evaluate = True
+    _evaluate(_evaluation_args(args), merged, args)
+    return 0
+
+
 def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
     """Run a script entry point; user errors print one line and exit 2 (like ``sedd``)."""
     try:
@@ -236,3 +377,7 @@ def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
         print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
         code = 2
     raise SystemExit(code)
+
+
+if __name__ == "__main__":  # the job scripts' EVALUATE=true after a sharded run's merge
+    script_main(evaluate_merged)

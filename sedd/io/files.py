@@ -54,6 +54,32 @@ def check_writable(path: Path) -> Path:
 _MADE: ContextVar[list[Path] | None] = ContextVar("sedd_made_directories", default=None)
 
 
+def refuse_existing(path: Path, *, overwrite: bool, flag: str = "--overwrite") -> None:
+    """``FileExistsError`` when ``path`` already holds a result and ``overwrite`` is off: checked
+    before any work, so an earlier run's cells are never replaced by accident."""
+    if path.is_file() and not overwrite:  # a directory or device: check_writable says so
+        raise FileExistsError(
+            f"{path} exists (an earlier run's result); pass {flag} to replace it, or write "
+            "somewhere else."
+        )
+
+
+def stale_records(out: Path) -> list[Path]:
+    """The records beside ``out`` that describe the cells in it: ``<out>.metrics.json`` and an
+    st3 ``generation_metadata.json`` whose ``output`` is ``out``. A command that replaces
+    ``out`` removes them first, so no record outlives the cells it describes."""
+    records = [out.with_suffix(".metrics.json")]
+    for meta in (out.parent / "generation_metadata.json",
+                 out.with_name(f"{out.stem}.generation_metadata.json")):  # fmt: skip
+        try:
+            named = json.loads(meta.read_text()).get("output")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if named is not None and Path(named).resolve() == out.resolve():
+            records.append(meta)
+    return [r for r in records if r.exists()]
+
+
 def make_parents(path: Path) -> None:
     """Create the missing directories above ``path``; inside ``NewDirectories`` each one made
     here is noted, so that a run that fails can remove those it left empty."""

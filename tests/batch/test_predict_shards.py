@@ -193,9 +193,13 @@ def test_four_shards_merged_equal_one_shard_run_cell_for_cell(
     assert entry["cell_range"] == [3, 5] and entry["cells"] == 2 and entry["seed"] == 7
     assert main(["merge", str(out_dir), "--out", str(tmp_path / "merged.h5ad")]) == 0
     _assert_same_cells(reference, tmp_path / "merged.h5ad")
-    # merging again is idempotent
-    assert main(["merge", str(out_dir), "--out", str(tmp_path / "merged.h5ad")]) == 0
-    _assert_same_cells(reference, tmp_path / "merged.h5ad")
+    # merging again is refused (the merged file is a result), and with --overwrite gives the same
+    merged = tmp_path / "merged.h5ad"
+    first = merged.stat().st_mtime_ns
+    assert main(["merge", str(out_dir), "--out", str(merged)]) == 2
+    assert merged.stat().st_mtime_ns == first
+    assert main(["merge", str(out_dir), "--out", str(merged), "--overwrite"]) == 0
+    _assert_same_cells(reference, merged)
     # a rerun skips complete shards
     before = (out_dir / "shards" / "shard-00002-of-00004.h5ad").stat().st_mtime_ns
     capsys.readouterr()
