@@ -83,7 +83,7 @@ submit() {  # submit OUTPUT_DIR: the README's command, settings in the environme
 check_merged() {  # check_merged FILE [--same-as OTHER]
   "$PY" scripts/check_merged.py "$1" --model "$EXPERIMENT_DIR" \
     --perturbations-file "$PERTURBATIONS_FILE" --cells-per-perturbation "$NUM_SAMPLES_PER_PERT" \
-    "${@:2}" || fail "merged file check failed: $1"
+    --no-control "${@:2}" || fail "merged file check failed: $1"
 }
 
 trap cleanup EXIT
@@ -92,7 +92,7 @@ slurm/local_cluster.sh start
 
 # The bundled model may be retrained while this runs: both runs use one frozen copy.
 cp -r models/pbmc_default "$WORK/model"
-# two perturbations other than the control (predict adds the control's cells itself)
+# two perturbations other than the control (st3's script generates exactly the listed ones)
 "$PY" -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 print("\n".join([p for p in c["perturbations"] if p != c.get("control_label")][:2]))' \
