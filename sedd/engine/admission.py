@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from sedd.engine.jobs import EngineJob
 from sedd.engine.rows import RowBlock
-from sedd.engine.sharing import fair_shares, first_come_shares, ticks_until_room
+from sedd.engine.sharing import fair_shares, first_come_shares, reserve_rows, ticks_until_room
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,20 @@ class Workload:
             active[:] = [j for j in active if j.left > 0]
 
     def _admit(self, active: list[_Job], queue: deque[_Job]) -> None:
+        """``sharing.admit`` on counts: the queue in order while there is room, then (fair)
+        small jobs past the rest, into the reserve."""
         rows = sum(j.rows for j in active)
         while queue and rows < self.max_rows_in_flight and len(active) < self.budget:
             active.append(queue.popleft())
             rows += active[-1].rows
+        if not self.fair:
+            return
+        reserve = reserve_rows(self.max_rows_in_flight)
+        for job in [j for j in queue if j.rows <= reserve]:
+            if rows + job.rows <= self.max_rows_in_flight + reserve and len(active) < self.budget:
+                queue.remove(job)
+                active.append(job)
+                rows += job.rows
 
 
 class _Job:

@@ -98,7 +98,8 @@ def admit(
 ) -> list[RowBlock]:
     """Let waiting rows in (popping jobs whose rows have all joined), in arrival order, while
     fewer than ``max_rows_in_flight`` rows and ``budget`` jobs are in flight; the new blocks.
-    A ``fair`` engine starts a job with all its rows (its share of each step does the pacing);
+    A ``fair`` engine starts a job with all its rows (its share of each step does the pacing),
+    and then lets small waiting jobs (``reserve_rows``) in out of order, up to the reserve;
     otherwise the head joins with as many rows as fit and the rest follow at later boundaries,
     each block on its own step."""
     rows = sum(blk.rows for blk in active)
@@ -117,7 +118,26 @@ def admit(
         jobs.add(id(st))
         if st.admitted == st.job.num_cells:
             waiting.popleft()
+    if fair:  # a small job passes bigger waiting ones, into the reserve
+        reserve = reserve_rows(max_rows_in_flight)
+        for st in [st for st in waiting if st.job.num_cells <= reserve and st.admitted == 0]:
+            if rows + st.job.num_cells > max_rows_in_flight + reserve or len(jobs) >= budget:
+                continue
+            st.started = now
+            joined.append(RowBlock(st, 0, st.job.num_cells))
+            st.admitted = st.job.num_cells
+            rows += st.admitted
+            jobs.add(id(st))
+            waiting.remove(st)
     return joined
+
+
+def reserve_rows(max_rows_in_flight: int) -> int:
+    """Rows in flight beyond ``max_rows_in_flight`` kept for small jobs under fair sharing: a
+    job of at most this many rows joins at once, past bigger jobs waiting for room, so a
+    1-cell request is not queued behind hours of maximal ones (its share of each tick then
+    bounds its latency). An eighth of the cap, at least one row."""
+    return max(1, max_rows_in_flight // 8)
 
 
 def groups_of(active: list[RowBlock]) -> list[list[RowBlock]]:

@@ -13,6 +13,7 @@ from engine_models import FP32, LOADED, job
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.engine import Engine, EngineFull, EngineJob
 from sedd.engine.admission import Work, Workload
+from sedd.engine.sharing import reserve_rows
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def _engine(loaded: LoadedModel, **kw: object) -> tuple[Engine, Forwards]:
         ([(4, 10), (4, 6)], (2, 4), 4, 8),  # no room: it waits until a job ends
         ([(3, 12)], (6, 2), 3, 12),  # more rows than a tick steps: it gets a share
         ([(2, 5), (2, 5), (2, 5)], (1, 3), 2, 6),  # more jobs than rows a tick
+        ([(4, 10), (4, 6), (4, 5)], (1, 4), 4, 8),  # small: past the queued job, the reserve
     ],
 )
 def test_finish_estimate_matches_the_engine_and_never_errs_short(
@@ -86,14 +88,25 @@ def test_estimates_err_long_when_rows_run_out_of_masks():
 def test_wait_before_fit_is_the_shortest_wait_that_fits():
     # four jobs of 256 rows x 76 row-steps hold all 1,024 rows in flight; a tick is 1 s
     load = Workload((Work(256, 256 * 76),) * 4, (), 256, 1024, True, 1.0, 256)
-    small = Work(1, 11, deadline=20.0)
-    assert load.alone_seconds(small) == 11
-    assert load.finish_seconds(small) == 4 * 76 + 11  # waits for room, then its 11 ticks
-    wait = load.wait_before_fit(small)
-    assert load.fits(small, after=wait) and not load.fits(small, after=wait - 1.0)
-    assert load.finish_seconds(small, after=wait) - wait <= 20.0
-    assert load.wait_before_fit(Work(1, 11, deadline=400.0)) == 0.0
+    big = Work(200, 200 * 11, deadline=20.0)  # more rows than the reserve: it waits for room
+    assert load.alone_seconds(big) == 11
+    assert load.finish_seconds(big) == 4 * 76 + 11  # the four share the ticks, then its 11
+    wait = load.wait_before_fit(big)
+    assert load.fits(big, after=wait) and not load.fits(big, after=wait - 1.0)
+    assert load.finish_seconds(big, after=wait) - wait <= 20.0
+    assert load.wait_before_fit(Work(200, 200 * 11, deadline=400.0)) == 0.0
     assert math.isinf(load.wait_before_fit(Work(1, 30, deadline=20.0)))  # 30 ticks alone
+
+
+def test_a_small_job_joins_past_maximal_ones_into_the_reserve():
+    """Behind four maximal jobs a 1-cell job is not queued for their whole run: it joins the
+    reserve at once and its share of each tick ends it in its own steps."""
+    assert reserve_rows(1024) == 128 and reserve_rows(6) == 1
+    load = Workload((Work(256, 256 * 76),) * 4, (Work(256, 256 * 76),), 256, 1024, True, 1.0, 256)
+    small = Work(1, 11, deadline=20.0)
+    assert load.finish_seconds(small) == 11 and load.wait_before_fit(small) == 0.0
+    first_come = Workload(load.running, load.waiting, 256, 1024, False, 1.0, 256)
+    assert first_come.finish_seconds(small) > 4 * 76  # no reserve without fair sharing
 
 
 def test_a_job_that_would_push_an_admitted_one_past_its_deadline_does_not_fit():
@@ -119,7 +132,7 @@ def test_retry_after_prices_a_job_that_just_joined_at_once():
     engine.submit(job(8, steps=10, seed=1))
     engine.tick()  # 8 rows in flight: 4 forwards of 2 rows a tick
     engine.forward_seconds = 1.0
-    engine.submit(job(1, steps=2, seed=2))  # the queue's one place
+    engine.submit(job(2, steps=2, seed=2))  # the queue's one place (more than the reserve)
     with pytest.raises(EngineFull) as full:
         engine.submit(job(1, steps=2, seed=3))
     start, queued = seen.calls, engine.queued_jobs

@@ -112,8 +112,9 @@ def test_ticks_until_room_is_the_wait_the_queue_really_has(uniform_model, first,
     engine.submit(EngineJob(first[0], steps=first[1], seed=1))
     engine.submit(EngineJob(second[0], steps=second[1], seed=2))
     engine.tick()  # both start: 6 rows in flight, the cap
-    engine.submit(EngineJob(1, steps=2, seed=3))  # the queue's two places
-    engine.submit(EngineJob(1, steps=2, seed=4))
+    # the queue's two places, with more rows than the reserve for small jobs (one row here)
+    engine.submit(EngineJob(2, steps=2, seed=3))
+    engine.submit(EngineJob(2, steps=2, seed=4))
     with pytest.raises(EngineFull) as err:
         engine.submit(EngineJob(1, steps=2, seed=5))
     predicted = engine.ticks_until_room()
