@@ -98,8 +98,8 @@ c = json.load(open(sys.argv[1]))
 print("\n".join([p for p in c["perturbations"] if p != c.get("control_label")][:2]))' \
   "$WORK/model/config.json" >"$WORK/perturbations.txt"
 export EXPERIMENT_DIR=$WORK/model PERTURBATIONS_FILE=$WORK/perturbations.txt
-export NUM_SAMPLES_PER_PERT=2 NUM_STEPS=40 BATCH_SIZE=1 SEED=7 PRECISION=fp32
-say "model copy $EXPERIMENT_DIR; perturbations: $(paste -sd, "$PERTURBATIONS_FILE") (+ control)"
+export NUM_SAMPLES_PER_PERT=3 NUM_STEPS=40 BATCH_SIZE=1 SEED=7 PRECISION=fp32
+say "model copy $EXPERIMENT_DIR; perturbations: $(paste -sd, "$PERTURBATIONS_FILE") (no control: st3 generates the listed ones)"
 
 # --- run 1: uninterrupted -------------------------------------------------------------------
 say "run 1: EXPERIMENT_DIR=$EXPERIMENT_DIR sbatch slurm/inf_cond.sbatch"
