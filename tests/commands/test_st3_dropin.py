@@ -306,7 +306,7 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
     test = _cells(tmp_path / "test.h5ad", ["GENE_B", "non-targeting"], 4, POSITIONAL)
     config = _yaml(
         tmp_path / "c.yaml",
-        {"inference": {"temperature": 0.6}, "data": {"test_data_path": str(test), "gene": "gene"}},
+        {"inference": {"temperature": 0.3, "num_steps": 9}, "data": {"gene": "gene"}},
     )
     perts = tmp_path / "perts.txt"
     perts.write_text("GENE_B\nnon-targeting\n")
@@ -316,6 +316,8 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
         CHECKPOINT=str(exp / "final.pt"),
         PERTURBATIONS_FILE=str(perts),
         MAPPING_DATA_PATH=str(test),
+        TEST_DATA_PATH=str(test),
+        TEMPERATURE="0.6",
         EVALUATE="true",
         NUM_SAMPLES_PER_PERT="2",
         NUM_STEPS="3",
@@ -324,7 +326,7 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
         COND_LABELS_PT_PATH=str(exp / "protein_embeddings.pt"),
         PRECISION="fp32",
         NUM_SHARDS="2",
-    )  # TEMPERATURE and TEST_DATA_PATH unset: the YAML sets them
+    )  # the variables win over CONFIG's YAML, which still sets --gene
     run = subprocess.run(
         ["bash", str(ROOT / "scripts" / "inf_conditional.sh")],
         env=env,
