@@ -1,11 +1,12 @@
 """The app factory: ``create_app(settings)``.
 
-The lifespan loads the fp32 checkpoint once (unless ``sedd serve`` loaded it already, so that a
-bad checkpoint is a one-line error before the server starts), resolves the precision policy,
-starts one engine and publishes them as ``app.state.service``; on shutdown it stops taking
-requests and drains the engine (``server.serve`` drains on SIGTERM first). ``server.guard``
-checks the API key and the drain before any route runs. Every error reaches the client through
-``server.errors.http_error`` (installed here as the app's exception handlers).
+The lifespan loads the fp32 checkpoint once, with the side files the settings name (gene names,
+perturbation map, vectors: what ``sedd generate`` takes), unless ``sedd serve`` loaded it already
+(so that a bad checkpoint is a one-line error before the server starts); it resolves the
+precision policy, starts one engine and publishes them as ``app.state.service``; on shutdown it
+stops taking requests and drains the engine (``server.serve`` drains on SIGTERM first).
+``server.guard`` checks the API key and the drain before any route runs. Every error reaches the
+client through ``server.errors.http_error`` (installed here as the app's exception handlers).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sedd.checkpoints import load_checkpoint
+from sedd.checkpoints.labels import PositionalGenesWarning
 from sedd.engine import Engine
 from sedd.engine.monitor import Monitor
 from sedd.precision import resolve_precision
@@ -46,10 +48,19 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
     device = settings.resolved_device()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        loaded = load_checkpoint(settings.model, device=device)
+        loaded = load_checkpoint(
+            settings.model,
+            genes=settings.genes,
+            perturbations=settings.perturbation_map,
+            vectors=settings.vectors,
+            device=device,
+        )
         precision = resolve_precision(settings.precision, loaded.device)
     for warning in caught:
-        log.warning("%s", warning.message)
+        if issubclass(warning.category, PositionalGenesWarning):  # how the server takes it
+            log.warning("%s (sedd serve: --genes FILE or SEDD_GENES=FILE)", warning.message)
+        else:
+            log.warning("%s", warning.message)
     engine = Engine.for_model(
         loaded,
         precision,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sedd.defaults import DEFAULT_MODEL, default_device
@@ -25,6 +25,21 @@ class Settings(BaseSettings):
 
     model: Path = Field(
         default=DEFAULT_MODEL, description="checkpoint to serve (any layout load_checkpoint reads)"
+    )
+    # The side files `sedd generate` takes (``--genes`` ...), made absolute at start-up so that
+    # replicas started elsewhere (Ray workers, another working directory) read the same files.
+    genes: Path | None = Field(
+        default=None,
+        description="gene names in model order: text (one a line), JSON, or an h5ad whose "
+        "var_names are used",
+    )
+    perturbation_map: Path | None = Field(
+        default=None,
+        description="perturbation label names in index order: JSON {name: index}, text (line "
+        "i = index i) or st3's .pt",
+    )
+    vectors: Path | None = Field(
+        default=None, description="perturbation vectors {name: tensor} (.pt or safetensors)"
     )
     device: str = Field(default="auto", description="'auto' (cuda if available), 'cpu', 'cuda:0'")
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
@@ -106,6 +121,11 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="log verbosity"
     )
+
+    @field_validator("genes", "perturbation_map", "vectors")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser().absolute()
 
     @model_validator(mode="after")
     def _replica_range(self) -> Settings:

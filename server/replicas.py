@@ -59,8 +59,9 @@ BROADCAST_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5  # uvicorn's default, one process's
 
 
-class RayMissing(RuntimeError):
-    """``--replicas`` was asked for, but Ray Serve is not installed."""
+class RayMissing(ValueError):
+    """``--replicas`` was asked for, but Ray Serve is not installed: a value this install cannot
+    use (the CLI's one line and exit 2, as a missing PyYAML for a run's config is)."""
 
 
 def replica_threads(settings: Settings) -> int:
@@ -210,9 +211,9 @@ def run(settings: Settings) -> None:
     """Start (or join) Ray, deploy the replicas, log the URL, and wait for SIGTERM/SIGINT;
     then drain every replica (``drain_replicas``) and shut Serve and a Ray we started down.
     A second signal cuts the requests still in flight off at once (exit status 1)."""
+    serve = _serve()  # first: without Ray, one line that says how to install it
     import ray
 
-    serve = _serve()
     # Ray's proxy otherwise keeps draining for 30 s at shutdown, waiting for a load balancer
     # that would still send traffic; ours drain in the replicas (drain_timeout_s) first.
     os.environ.setdefault("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", "1")

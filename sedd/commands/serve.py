@@ -15,6 +15,9 @@ import typing
 from typing import Any
 
 ENV_ONLY = ("api_key",)  # secrets: never a flag
+# Other spellings of a setting's flag: the ones `sedd generate` also takes.
+ALIASES = {"model": ["--checkpoint-dir"], "perturbation_map": ["--perturbations-all-file"]}
+SIDE_FILES = ("genes", "perturbation_map", "vectors")  # files the model loads with
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,9 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, field in Settings.model_fields.items():
         if name in ENV_ONLY:
             continue
-        flags = [f"--{name.replace('_', '-')}"] + (["--checkpoint-dir"] if name == "model" else [])
+        flags = [_flag(name), *ALIASES.get(name, [])]
         p.add_argument(*flags, dest=name, help=_help(name, field), **_kind(field.annotation))
     p.set_defaults(func=run)
+
+
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
 def _help(name: str, field: Any) -> str:
@@ -78,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"invalid settings: {problems}") from None
     if not settings.model.exists():
         raise FileNotFoundError(f"no model at {settings.model}; pass --model PATH.")
+    for name in SIDE_FILES:  # here, before a replica or the app tries to read them
+        path = getattr(settings, name)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(
+                f"{_flag(name)} {path} (SEDD_{name.upper()}) is not a file; pass an existing "
+                f"file, or leave {_flag(name)} out."
+            )
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
     if settings.replicas is not None:
         from server import replicas
