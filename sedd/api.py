@@ -27,7 +27,7 @@ import torch
 
 from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
-from sedd.defaults import TimeGrid, default_device
+from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, default_device
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
 from sedd.diffusion.sampling import Predictor, Sampler, block_rows_for
 from sedd.engine import model_sampler
@@ -239,7 +239,7 @@ class Model:
         self,
         perturbations: str | Sequence[str] | None,
         *,
-        cells_per_perturbation: int = 100,
+        cells_per_perturbation: int = CELLS_PER_PERTURBATION,
         include_control: bool = True,
         control: str | None = None,
         cell_type: str | None = None,
@@ -252,9 +252,10 @@ class Model:
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
-        """Cells under each perturbation, plus as many control cells (first) unless
-        ``include_control=False``. ``perturbations=None``: every one the model knows. Same
-        cells as ``sedd predict``."""
+        """``cells_per_perturbation`` cells under each perturbation (default 10, st3's
+        ``--num_samples_per_pert``, as ``sedd predict`` and HTTP /predict), plus as many control
+        cells (first) unless ``include_control=False``. ``perturbations=None``: every one the
+        model knows. Same cells as ``sedd predict``."""
         names = [perturbations] if isinstance(perturbations, str) else perturbations
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control

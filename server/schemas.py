@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sedd.checkpoints import LoadedModel
-from sedd.defaults import TimeGrid, resolve_schedule
+from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.request.plan import GenerationRequest
 from sedd.request.plan import SamplingOptions as Sampling
@@ -166,7 +166,13 @@ class PredictRequest(SamplingOptions):
     )
 
     perturbations: list[Name] = Field(min_length=1, max_length=1000)
-    cells_per_perturbation: int = Field(default=1, ge=1, le=HARD_MAX_CELLS)
+    cells_per_perturbation: int = Field(
+        default=CELLS_PER_PERTURBATION,
+        ge=1,
+        le=HARD_MAX_CELLS,
+        description=f"cells per perturbation, control included (default {CELLS_PER_PERTURBATION}"
+        ", st3's, as `sedd predict` and `Model.predict`)",
+    )
     cell_type: Name | None = None
     include_control: bool = Field(
         default=True, description="also generate control cells (with the control label)"

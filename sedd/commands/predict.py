@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
+from sedd.defaults import CELLS_PER_PERTURBATION
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,9 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cells-per-perturbation",
         type=int,
-        default=10,
+        default=CELLS_PER_PERTURBATION,
         metavar="N",
-        help="cells per perturbation, control included (default 10)",
+        help="cells per perturbation, control included (default "
+        f"{CELLS_PER_PERTURBATION}, st3's; as Model.predict and HTTP /predict)",
     )
     p.add_argument("--no-control", action="store_true", help="generate no control cells")
     p.add_argument(

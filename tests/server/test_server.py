@@ -363,7 +363,7 @@ async def test_h5ad_by_format_field_or_accept_header(model_dir: Path) -> None:
         by_field = await client.post("/generate", json={**body, "format": "h5ad"})
         by_header = await client.post(
             "/predict",
-            json={"perturbations": ["MYC"], "steps": 3},
+            json={"perturbations": ["MYC"], "cells_per_perturbation": 1, "steps": 3},
             headers={"Accept": "application/x-hdf5"},
         )
     assert by_field.headers["content-type"] == "application/x-hdf5"
