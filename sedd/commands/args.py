@@ -13,6 +13,7 @@ everywhere. st3's underscore spellings (``--num_steps``) are accepted for every 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from sedd.defaults import DEFAULT_MODEL, TIME_GRIDS
@@ -179,3 +180,23 @@ def add_counts_dtype_argument(p: argparse.ArgumentParser) -> None:
         help="float32 stores the integer counts as floats (for Arc's cell-eval); with --out-dir, "
         "pass it to `sedd merge`",
     )
+
+
+def add_progress_argument(p: argparse.ArgumentParser) -> None:
+    """``--progress/--no-progress`` for a command that draws progress bars; read it with
+    ``show_progress(args.progress)``."""
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw progress bars on stderr (default: only when stderr is a terminal, so none "
+        "in SLURM .out files or logs)",
+    )
+
+
+def show_progress(asked: bool | None) -> bool:
+    """Whether to draw progress bars: as asked, else only when stderr is a terminal (a bar
+    redrawn into a file is a line of carriage returns per update)."""
+    if asked is not None:
+        return asked
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
+from sedd.commands.args import (
+    add_model_arguments,
+    add_output_arguments,
+    add_progress_argument,
+    add_sampling_arguments,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,14 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/generated.h5ad"))
+    add_progress_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
-    from sedd.commands.output import request_from_args, run_request
+    from sedd.commands.output import check_h5ad_name, request_from_args, run_request
     from sedd.request.conditions import label_mix
 
+    check_h5ad_name(args.out)  # before the model loads
     if args.condition_key is not None and args.like is None:
         raise ValueError("--condition-key names the label column of --like FILE; pass --like.")
     loaded = load_from_args(args)

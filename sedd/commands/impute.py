@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
+from sedd.commands.args import (
+    add_model_arguments,
+    add_output_arguments,
+    add_progress_argument,
+    add_sampling_arguments,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,12 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/imputed.h5ad"), shards=False)
+    add_progress_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
-    from sedd.commands.output import request_from_args, run_request
+    from sedd.commands.output import check_h5ad_name, request_from_args, run_request
     from sedd.io.files import check_writable, refuse_existing
     from sedd.request.imputation import (
         dropped_genes_warning,
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
+    check_h5ad_name(args.out)
     refuse_existing(args.out or args.default_out, overwrite=args.overwrite)
     check_writable(args.out or args.default_out)  # before the work, not after it
     loaded = load_from_args(args)

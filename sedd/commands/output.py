@@ -7,7 +7,8 @@ the JSON metrics file.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,8 @@ from sedd.batch.run import progress_bar, run_plan
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
+from sedd.commands.args import show_progress
+from sedd.engine.offline import ProgressHook
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
@@ -32,6 +35,7 @@ def run_request(
     ``--out-dir`` and a shard); returns the summary."""
     planned = plan(loaded, request)
     shard = resolve_shard(args.num_shards, args.shard_index)
+    progress = getattr(args, "progress", None)  # add_progress_argument's
     if args.out_dir is None:
         if shard.count > 1:
             raise ShardError(
@@ -39,16 +43,30 @@ def run_request(
                 "DIR: each shard writes DIR/shards/..., and `sedd merge DIR` joins them."
             )
         out = claim_output(args.out or args.default_out, args.overwrite)
-        return write_one_file(planned, args.precision, out, args.counts_dtype)
+        return write_one_file(planned, args.precision, out, args.counts_dtype, progress=progress)
     if args.counts_dtype != "int":
         raise ValueError("--counts-dtype float32 applies to `sedd merge` in --out-dir mode.")
-    return run_shard(planned, args.precision, args.out_dir, shard)
+    return run_shard(planned, args.precision, args.out_dir, shard, progress=progress)
+
+
+def check_h5ad_name(out: Path | None, flag: str = "--out") -> None:
+    """Refuse an output name that does not end in ``.h5ad``: what is written is AnnData's HDF5
+    whatever the name says, so ``cells.csv`` would be an HDF5 file that no CSV reader opens.
+    Commands call this before the model loads. A directory is left to ``check_writable``,
+    which says to name a file in it."""
+    if out is None or out.suffix.lower() == ".h5ad" or out.is_dir():
+        return
+    raise ValueError(
+        f"{flag} {out}: sedd writes AnnData .h5ad files only, so the name must end in .h5ad "
+        f"(not {out.suffix or 'no suffix'!r}); pass e.g. {flag} {out.with_suffix('.h5ad')}."
+    )
 
 
 def claim_output(out: Path, overwrite: bool) -> Path:
-    """``out``, once it may be written: refused when it holds an earlier result (unless
-    ``overwrite``); with ``overwrite``, the records describing the old cells are removed first,
-    so none outlives them (``sedd.io.files.stale_records``)."""
+    """``out``, once it may be written: refused when it is not an ``.h5ad`` name, or holds an
+    earlier result (unless ``overwrite``); with ``overwrite``, the records describing the old
+    cells are removed first, so none outlives them (``sedd.io.files.stale_records``)."""
+    check_h5ad_name(out)
     refuse_existing(out, overwrite=overwrite)
     if out.exists():  # records of a file not yet written describe the run now writing it
         for record in stale_records(out):
@@ -78,15 +96,21 @@ def request_from_args(
 
 
 def write_one_file(
-    planned: Plan, precision_name: str, out: Path, counts_dtype: CountsDtype = "int"
+    planned: Plan,
+    precision_name: str,
+    out: Path,
+    counts_dtype: CountsDtype = "int",
+    *,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Generate with a progress bar, write the h5ad and ``<out>.metrics.json``, print a summary."""
+    """Generate (with a progress bar as ``show_progress(progress)`` says), write the h5ad and
+    ``<out>.metrics.json``, print a summary."""
     loaded, request = planned.loaded, planned.request
     precision = resolve_precision(precision_name, loaded.device)
     writer = CellWriter(
         check_writable(out), loaded.config.genes, count_dtype=counts_dtype, var=planned.var()
     )
-    with writer, progress_bar(len(planned), request.steps, "sampling") as on_progress:
+    with writer, _bar(len(planned), request.steps, "sampling", progress) as on_progress:
         result = run_plan(
             planned, precision, on_progress=on_progress,
             on_batch=lambda _, counts: writer.add(counts), keep_counts=False,
@@ -95,8 +119,16 @@ def write_one_file(
     return finish(out, result.stats, precision, num_genes=len(result.genes))
 
 
-def run_shard(planned: Plan, precision_name: str, out_dir: Path, shard: Shard) -> dict[str, Any]:
-    """Run (or resume, or skip) one shard into ``out_dir``; print its summary."""
+def run_shard(
+    planned: Plan,
+    precision_name: str,
+    out_dir: Path,
+    shard: Shard,
+    *,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Run (or resume, or skip) one shard into ``out_dir``; print its summary. A progress bar
+    as ``show_progress(progress)`` says."""
     precision = resolve_precision(precision_name, planned.loaded.device)
     job = prepare_shard(planned, precision, out_dir, shard)
     label = f"shard {shard.index}/{shard.count}"
@@ -105,7 +137,7 @@ def run_shard(planned: Plan, precision_name: str, out_dir: Path, shard: Shard) -
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    with progress_bar(job.cells_to_generate, planned.request.steps, label) as on_progress:
+    with _bar(job.cells_to_generate, planned.request.steps, label, progress) as on_progress:
         entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,
@@ -115,6 +147,16 @@ def run_shard(planned: Plan, precision_name: str, out_dir: Path, shard: Shard) -
         metrics_path=job.paths.entry,
     )
     return entry
+
+
+@contextlib.contextmanager
+def _bar(cells: int, steps: int, desc: str, progress: bool | None) -> Iterator[ProgressHook | None]:
+    """``sedd.batch.run.progress_bar``'s hook where a bar is wanted, else no hook."""
+    if not show_progress(progress):
+        yield None
+        return
+    with progress_bar(cells, steps, desc) as hook:
+        yield hook
 
 
 def finish(

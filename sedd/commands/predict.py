@@ -9,7 +9,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sedd.commands.args import add_model_arguments, add_output_arguments, add_sampling_arguments
+from sedd.commands.args import (
+    add_model_arguments,
+    add_output_arguments,
+    add_progress_argument,
+    add_sampling_arguments,
+)
 from sedd.defaults import CELLS_PER_PERTURBATION
 
 
@@ -41,14 +46,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/predicted.h5ad"))
+    add_progress_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
-    from sedd.commands.output import request_from_args, run_request
+    from sedd.commands.output import check_h5ad_name, request_from_args, run_request
     from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 
+    check_h5ad_name(args.out)  # before the model loads
     names = args.perturbations
     if args.perturbations_file is not None:
         names = read_perturbation_file(args.perturbations_file)

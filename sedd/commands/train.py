@@ -14,6 +14,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from sedd.commands.args import add_progress_argument, show_progress
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -52,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="continue from <run-dir>/train_state.pt at its step + 1",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
+    add_progress_argument(p)
     p.set_defaults(func=run)
 
 
@@ -69,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if args.out and not args.run_dir:  # a new --out gets its own run directory
         config = config.model_copy(update={"run_dir": None})
     command = shlex.join(["sedd", *sys.argv[1:]])  # the command line as typed, under any launcher
-    trainer = Trainer(config, resume=args.resume, command=command, progress=not args.no_progress)
+    trainer = Trainer(
+        config, resume=args.resume, command=command, progress=show_progress(args.progress)
+    )
     summary = trainer.fit(until=args.until_step)
     if summary.step == summary.start_step:
         print(f"nothing to do: {config.run_path} is already at step {summary.step}.")

@@ -45,10 +45,25 @@ def check_writable(path: Path) -> Path:
     probe = temporary_name(path)
     try:  # os.access says yes to root even on read-only filesystems: try for real
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileNotFoundError as err:
+        raise _no_new_files(err, path.parent, path) from None
     except OSError as err:
         raise type(err)(err.errno, err.strerror, str(path.parent)) from None
     probe.unlink()
     return path
+
+
+def _no_new_files(err: FileNotFoundError, directory: Path, path: Path) -> OSError:
+    """``ENOENT`` from creating ``path`` in ``directory``: "No such file or directory" is wrong
+    when the directory is there, as in /proc and /sys, which answer so to any new name."""
+    if not directory.is_dir():  # really missing (removed meanwhile): the usual error
+        return FileNotFoundError(err.errno, err.strerror, str(directory))
+    return FileNotFoundError(
+        err.errno,
+        f"{directory} exists but takes no new files (a virtual filesystem such as /proc or "
+        "/sys); write to a directory on a disk",
+        str(path),
+    )
 
 
 _MADE: ContextVar[list[Path] | None] = ContextVar("sedd_made_directories", default=None)
@@ -94,6 +109,8 @@ def make_parents(path: Path) -> None:
             directory.mkdir()
         except FileExistsError:  # made by another process meanwhile, or not a directory
             continue
+        except FileNotFoundError as err:  # its parent is there: it takes no new entries
+            raise _no_new_files(err, directory.parent, path) from None
         if made is not None:
             made.append(directory)
     path.parent.mkdir(parents=True, exist_ok=True)  # the usual error, where one is in the way

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,7 @@ class Trainer:
 
     ``Trainer(config).fit()`` trains to ``config.max_steps``; ``resume=True`` first restores
     ``<run_dir>/train_state.pt``. ``command`` is recorded as the model's training command.
+    ``progress`` draws a tqdm bar; the log lines (loss, validation) are printed either way.
     """
 
     def __init__(
@@ -296,8 +298,8 @@ class Trainer:
         self.config.run_path.mkdir(parents=True, exist_ok=True)
         with (self.config.run_path / METRICS_FILE).open("a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.progress:
-            bar.write(f"step {self.step}/{self.config.max_steps}: {text}")
+        bar.write(f"step {self.step}/{self.config.max_steps}: {text}")  # above a bar, if any
+        sys.stdout.flush()  # a log file (SLURM's .out) sees each line when it happens
 
     def _log_window(self, bar: tqdm, window: _Window, grad_norm: float) -> float:
         """Log the mean loss and throughput since the last log line; returns that mean loss."""

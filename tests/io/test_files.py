@@ -4,6 +4,7 @@ writer of the same path; a live writer's is not."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,3 +56,62 @@ def test_a_directory_or_a_device_as_the_output_is_refused_before_any_work(
     assert line.startswith(f"sedd generate: error: {tmp_path}: is a directory, not a file")
     assert list(tmp_path.iterdir()) == []  # nothing written, no temporary left
     assert Path(os.devnull).is_char_device()  # the device is still a device
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from server_models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("files") / "tiny")
+
+
+def _generate(model: Path, out: Path | str) -> list[str]:
+    return ["generate", "--model", str(model), "--num-cells", "1", "--steps", "1",
+            "--device", "cpu", "--precision", "fp32", "--out", str(out)]  # fmt: skip
+
+
+def test_out_into_a_missing_directory_creates_it(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new" / "dir" / "cells.h5ad"
+    assert main([*_generate(tiny_model, out), "--no-progress"]) == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cells.h5ad", "cells.metrics.json"]
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_proc_as_the_output_directory_says_it_takes_no_new_files(
+    tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc answers "No such file or directory" to a new name; the directory is there."""
+    refusal = "/proc exists but takes no new files (a virtual filesystem such as /proc or /sys)"
+    assert main(_generate(tiny_model, "/proc/x.h5ad")) == 3
+    assert capsys.readouterr().err == (
+        f"sedd generate: error: /proc/x.h5ad: {refusal}; write to a directory on a disk; check "
+        "the path and its permissions\n"
+    )
+    with pytest.raises(FileNotFoundError, match=re.escape(refusal)) as err:  # a directory to make
+        check_writable(Path("/proc/sub/x.h5ad"))
+    assert err.value.filename == "/proc/sub/x.h5ad"
+
+
+@pytest.mark.parametrize("command", ["generate", "predict", "impute", "merge"])
+def test_an_out_not_ending_in_h5ad_is_refused_before_the_model_loads(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "new" / "cells.csv"
+    data = tmp_path / "counts.h5ad"
+    data.write_bytes(b"")
+    missing = tmp_path / "no_model"  # never read: the name is refused first
+    argv = {
+        "generate": ["generate", "--model", str(missing)],
+        "predict": ["predict", "--model", str(missing)],
+        "impute": ["impute", "--data", str(data), "--model", str(missing)],
+        "merge": ["merge", str(tmp_path / "no_shards")],
+    }[command]
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"sedd {command}: error: --out {out}: sedd writes AnnData .h5ad files only, so the name "
+        f"must end in .h5ad (not '.csv'); pass e.g. --out {tmp_path / 'new' / 'cells.h5ad'}.\n"
+    )
+    assert not out.parent.exists()
