@@ -46,16 +46,16 @@ from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
 
-P = ParamSpec("P")
-R = TypeVar("R")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def _warns_at_caller(method: Callable[P, R]) -> Callable[P, R]:
+def _warns_at_caller(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """The library's warnings during ``method`` point at the user's line, not at ours, each
     distinct one once per call; the user's warning filters still decide what shows."""
 
     @functools.wraps(method)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         caught: list[warnings.WarningMessage] = []
         try:
             with warnings.catch_warnings(record=True) as caught:  # type: ignore[assignment]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import re
 import tomllib
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,30 @@ def test_every_directive_names_an_importable_object(page: str, name: str) -> Non
         module, _, attribute = name.rpartition(".")
         assert module, f"{page}: ::: {name} is not importable"
         assert hasattr(importlib.import_module(module), attribute), f"{page}: ::: {name}"
+
+
+def test_no_reference_page_lists_a_type_variable_as_public() -> None:
+    """mkdocstrings lists every module attribute its ``!^_`` filter lets through: a type
+    variable or ParamSpec (a typing helper, not API) must be named with a leading underscore."""
+    helpers = (typing.TypeVar, typing.ParamSpec, typing.TypeVarTuple)
+    listed = {
+        f"{name}.{attribute}"
+        for _, name in _directives()
+        for attribute, value in vars(importlib.import_module(name)).items()
+        if not attribute.startswith("_") and isinstance(value, helpers)
+    }
+    assert listed == set()
+
+
+def test_the_install_line_says_what_the_readme_says_about_torch() -> None:
+    """The torch pin is a version, not a build: the index picks CPU or CUDA (README)."""
+    readme, index = (ROOT / "README.md").read_text(), (DOCS / "index.md").read_text()
+    install = "python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ."
+    cpu_index = "--index-url https://download.pytorch.org/whl/cpu"
+    for text in (readme, index):
+        assert install in text and cpu_index in text
+        assert "a version pin does not choose the build" in " ".join(text.split())
+    assert "CPU wheel" not in index
 
 
 def test_license_and_typed_marker_ship() -> None:

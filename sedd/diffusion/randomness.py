@@ -44,10 +44,10 @@ class Purpose(IntEnum):
     START = 1  # the uniform graph's tokens at t = 1
 
 
-Words = TypeVar("Words", torch.Tensor, np.ndarray)
+_Words = TypeVar("_Words", torch.Tensor, np.ndarray)
 
 
-def _mulhilo(a: Words, multiplier: int) -> tuple[Words, Words]:
+def _mulhilo(a: _Words, multiplier: int) -> tuple[_Words, _Words]:
     """(high, low) 32-bit words of ``a * multiplier`` for 32-bit ``a``, exactly.
 
     NumPy uint64 holds the 64-bit product as it is. torch has no uint64 shifts, so in its int64
@@ -63,13 +63,13 @@ def _mulhilo(a: Words, multiplier: int) -> tuple[Words, Words]:
 
 
 def philox4x32(
-    counter: tuple[Words, Words, Words, Words],
-    key: tuple[Words, Words],
+    counter: tuple[_Words, _Words, _Words, _Words],
+    key: tuple[_Words, _Words],
     rounds: int = PHILOX_ROUNDS,
-) -> tuple[Words, Words, Words, Words]:
+) -> tuple[_Words, _Words, _Words, _Words]:
     """Philox-4x32 with ``rounds`` rounds: four 32-bit words out for four in, under a 2-word key.
 
-    Words are int64 tensors or uint64 NumPy arrays holding values in [0, 2^32); they broadcast
+    The words are int64 tensors or uint64 NumPy arrays holding values in [0, 2^32); they broadcast
     against each other, so a per-row key (B, 1) and a per-position counter word (B, L) give
     (B, L) outputs.
     """
@@ -119,8 +119,8 @@ def cell_uniforms(
 
 
 def _cell_words(
-    seed: Words, cell: Words, step: Words, pair: Words | int, purpose: Purpose
-) -> tuple[Words, Words, Words, Words]:
+    seed: _Words, cell: _Words, step: _Words, pair: _Words | int, purpose: Purpose
+) -> tuple[_Words, _Words, _Words, _Words]:
     """Philox words (B, P) of the cells' gene pairs ``pair`` (a (P,) range, or a count)."""
     if isinstance(pair, int):  # NumPy: the (P,) range of pairs for num_positions genes
         pair = np.arange((pair + 1) // 2, dtype=np.uint64)
