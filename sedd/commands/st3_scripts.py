@@ -31,9 +31,9 @@ from typing import Any
 
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
-from sedd.commands.args import add_shard_arguments
+from sedd.commands.args import add_progress_argument, add_shard_arguments
 from sedd.commands.loading import load_from_args
-from sedd.commands.output import request_from_args, run_shard, write_one_file
+from sedd.commands.output import check_h5ad_name, request_from_args, run_shard, write_one_file
 from sedd.commands.st3_flags import (
     Script,
     add_st3_flags,
@@ -70,6 +70,7 @@ def _parser(script: Script, description: str) -> argparse.ArgumentParser:
         own.add_argument("--cell_type", help="condition every cell on this cell type")
         own.add_argument("--no_control", action="store_true", help="generate no control cells")
     add_shard_arguments(own)
+    add_progress_argument(own)
     return p
 
 
@@ -127,7 +128,9 @@ def _metadata_path(out: Path) -> Path:
 
 
 def _refuse_early(out: Path, args: argparse.Namespace) -> Path:
-    """``out``, or the refusal to replace it, before the model is even loaded."""
+    """``out``, or the refusal to replace it (or to name it other than .h5ad), before the model
+    is even loaded."""
+    check_h5ad_name(out, "--output_path")
     refuse_existing(out, overwrite=args.overwrite, flag=OVERWRITE)
     return out
 
@@ -187,10 +190,10 @@ def _write(
     if shard.count > 1:
         metadata.update(status="sharded: merged by `sedd merge`", num_shards=shard.count)
         write_json_atomic(_metadata_path(out), metadata)
-        run_shard(planned, args.precision, out.parent, shard)
+        run_shard(planned, args.precision, out.parent, shard, progress=args.progress)
         print(f"when every shard is done: sedd merge {out.parent} --out {out}")
         return None
-    summary = write_one_file(planned, args.precision, out)
+    summary = write_one_file(planned, args.precision, out, progress=args.progress)
     metadata.update(num_cells=summary["cells"], summary=summary)
     write_json_atomic(_metadata_path(out), metadata)
     return out

@@ -380,3 +380,12 @@ def test_the_generation_job_script_honours_every_st3_variable(tmp_path: Path) ->
     assert adata.n_obs == 3 and list(adata.var_names) == genes
     record = adata.uns["sedd"]
     assert (record["steps"], record["temperature"], record["seed"]) == (2, 0.9, 4)
+    assert "cell/s]" not in run.stderr  # no progress bar redrawn into a job's log
+
+
+def test_an_output_path_that_is_not_h5ad_is_refused_before_loading(tmp_path: Path) -> None:
+    exp = _experiment("tiny_mlm", tmp_path)
+    out = tmp_path / "cells.csv"
+    with pytest.raises(ValueError, match=r"--output_path .*cells.csv.*\.h5ad"):
+        inference_generation(["--experiment_dir", str(exp), "--output_path", str(out)])
+    assert not out.exists()
