@@ -1,0 +1,93 @@
+"""Real uvicorn (``sedd serve``): a full queue's 429 and its ``Retry-After`` (issue 32, 1 and 10).
+
+1. Computing a ``Retry-After`` while a request's rows are split between steps (8 rows in flight,
+   4 stepped a tick) must leave that request intact: it used to join the split blocks in place,
+   the request never completed, and only the runner's backstop answered it, with a 504.
+10. Right after a request joins, ``Retry-After`` must not be a fraction of the real wait (it
+    was 2 s against 6.06 s: a moving average of earlier, cheaper ticks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from server_client import free_port
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """``sedd serve`` on the bundled model: 4 rows a step, 8 in flight, one request waiting."""
+    port = free_port()
+    argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
+            "--device", "cpu", "--max-rows-per-forward", "4", "--max-rows-in-flight", "8",
+            "--max-queued-jobs", "1", "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "sedd serve exited"
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    yield base
+    proc.terminate()
+    proc.wait(30)
+
+
+def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) -> None:
+    async def load() -> tuple[httpx.Response, list[httpx.Response], float]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            start = time.monotonic()
+            # 8 cells, 4 stepped a tick: its rows are two blocks, on the same step every other
+            # tick, which is when an estimate used to join them in place
+            split = asyncio.ensure_future(c.post("/generate", json={
+                "num_cells": 8, "steps": 40, "seed": 1, "timeout_s": 30}))  # fmt: skip
+            while (await c.get("/readyz")).json()["active_rows"] < 8:
+                await asyncio.sleep(0.05)
+            others = []
+            while not split.done():  # one waits in the queue; the rest get 429s, each
+                others.append(asyncio.ensure_future(c.post("/generate", json={  # estimated
+                    "num_cells": 2, "steps": 3, "seed": 3, "timeout_s": 30})))  # fmt: skip
+                await asyncio.sleep(0.02)
+            return await split, list(await asyncio.gather(*others)), time.monotonic() - start
+
+    split, others, took = asyncio.run(load())
+    statuses = [r.status_code for r in others]
+    assert statuses.count(429) >= 5, statuses  # the estimates ran while the rows were split
+    assert set(statuses) <= {200, 429}, statuses
+    assert split.status_code == 200, (split.status_code, split.text[:300])  # was a 504 at 31 s
+    assert len(split.json()["cells"]) == 8 and took < 30
+
+
+def test_retry_after_right_after_a_request_joins_is_not_a_fraction_of_the_wait(url: str) -> None:
+    async def load() -> tuple[httpx.Response, float]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            cheap = await c.post("/generate", json={"num_cells": 1, "steps": 60, "seed": 0})
+            assert cheap.status_code == 200  # the last ticks were 1-row ones, cheap
+            body = {"num_cells": 8, "steps": 30}
+            first = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 1}))
+            await asyncio.sleep(0.2)  # it has just joined: 8 rows, 4 stepped a tick
+            second = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 2}))
+            await asyncio.sleep(0.1)  # the queue's one place
+            refused = await c.post("/generate", json={**body, "seed": 3})
+            began = time.monotonic()
+            while (await c.get("/readyz")).json()["queued_jobs"]:
+                await asyncio.sleep(0.1)
+            waited = time.monotonic() - began
+            await asyncio.gather(first, second)
+            return refused, waited
+
+    refused, waited = asyncio.run(load())
+    assert refused.status_code == 429, refused.text[:300]
+    retry_after = int(refused.headers["retry-after"])
+    # whole seconds, rounded up; priced at the cheap ticks before, it read a fraction of the wait
+    assert retry_after >= 0.6 * waited, (retry_after, waited)
+    assert retry_after <= 2.5 * waited + 2, (retry_after, waited)
