@@ -236,9 +236,10 @@ def test_serve_refuses_a_checkpoint_with_a_nan_weight_in_one_line(
 def test_generate_to_an_impossible_path_is_one_line_before_sampling(cli: _Cli) -> None:
     argv = ["generate", "--num-cells", "1", "--steps", "1", "--out", "/proc/nope/x.h5ad"]
     line = _one_line_failure(cli, argv, 3)
-    assert line == (
-        "sedd generate: error: /proc/nope: No such file or directory; check the path and its "
-        "permissions"
+    assert line == (  # /proc refuses any new name with ENOENT: say what it is instead
+        "sedd generate: error: /proc/nope/x.h5ad: /proc exists but takes no new files (a virtual "
+        "filesystem such as /proc or /sys); write to a directory on a disk; check the path and "
+        "its permissions"
     )
 
 
