@@ -34,6 +34,7 @@ from sedd.engine import model_sampler
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import label_mix, perturbation_conditions
+from sedd.request.draws import MEAN_LAYER, check_n_samples
 from sedd.request.imputation import (
     Imputation,
     dropped_genes_warning,
@@ -284,6 +285,7 @@ class Model:
         seed: int = 0,
         batch_size: int = 64,
         clip: bool = False,
+        n_samples: int = 1,
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
     ) -> anndata.AnnData:
@@ -301,7 +303,16 @@ class Model:
         keeps the input's cell names and every obs column (one we also write, with other
         values, as ``input_<name>``), and has ``var["observed"]``. Same cells as ``sedd impute``
         for the same parameters.
+
+        ``n_samples=k`` (1 to 64) samples each cell k times and adds the per-cell, per-gene mean
+        of the k draws as ``layers["mean_of_draws"]`` (CSR float32; summed in float64): the
+        expected counts given the observed ones, like scvi-tools'
+        ``get_normalized_expression(n_samples=k)`` but in counts. ``.X`` stays the first draw,
+        identical to ``n_samples=1``; observed genes keep their count in the mean. Draw j of
+        cell i draws from stream (seed, j * N + i), N the number of cells, so the layer is fixed
+        by the seed; ``uns["sedd"]["n_samples"]`` records k. It costs k times the sampling.
         """
+        check_n_samples(n_samples)
         if cell_type is not None and cell_type_key is not None:
             raise ValueError("pass `cell_type` (one for all) or `cell_type_key`, not both.")
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
@@ -315,7 +326,9 @@ class Model:
             self.loaded, imputation, condition, condition_key
         )
         cells = imputation.num_cells if counts is None else 1
-        request = self._request(cells, conditions, cell_type, sampling, imputation, counts)
+        request = self._request(
+            cells, conditions, cell_type, sampling, imputation, counts, n_samples=n_samples
+        )
         return self._run(request, progress)
 
     def _request(
@@ -326,12 +339,14 @@ class Model:
         sampling: SamplingOptions,
         imputation: Imputation | None = None,
         condition_counts: Sequence[int] | None = None,
+        *,
+        n_samples: int = 1,
     ) -> GenerationRequest:
         """The library's one request type, with this model's forward block."""
         return GenerationRequest.of(
             cells_per_condition, conditions, cell_type, sampling,
             tokens_per_forward=self.tokens_per_forward, cuda_graphs=self.cuda_graphs,
-            imputation=imputation, condition_counts=condition_counts,
+            imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
         )  # fmt: skip
 
     def _sampler(self, request: GenerationRequest) -> Sampler:
@@ -352,8 +367,13 @@ class Model:
         sampler = self._sampler(request)
         graphs = self._graphs_lock if sampler.graphs.enabled else contextlib.nullcontext()
         show = interactive() if progress is None else progress
-        bar = progress_bar(len(planned), request.steps, "sampling") if show else None
+        draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
+        bar = progress_bar(draws, request.steps, "sampling") if show else None
         with graphs, bar or contextlib.nullcontext() as on_progress:
             result = run_plan(planned, self.policy, on_progress=on_progress, sampler=sampler)
         uns = run_provenance(self.loaded, request, self.policy, result.stats)
-        return cells_anndata(result.counts, result.genes, result.obs, uns, var=planned.var())
+        mean = result.mean_of_draws
+        layers = None if mean is None else {MEAN_LAYER: mean}
+        return cells_anndata(
+            result.counts, result.genes, result.obs, uns, var=planned.var(), layers=layers
+        )

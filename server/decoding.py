@@ -49,6 +49,20 @@ def check_cells(settings: Settings, cells: int, loc: str) -> None:
         )
 
 
+def check_draws(settings: Settings, cells: int, n_samples: int) -> None:
+    """Several draws of each cell are that many cells against ``max_cells_per_request``."""
+    limit = settings.max_cells_per_request
+    if cells * n_samples > limit:
+        raise FieldError(
+            ["body", "n_samples"],
+            f"the request asks for {cells} cells x {n_samples} draws = {cells * n_samples} cell "
+            f"draws; the limit is {limit} (max_cells_per_request); ask for fewer draws or cells",
+            type="less_than_equal",
+            input=n_samples,
+            ctx={"le": limit // cells},
+        )
+
+
 def one_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
     """The single condition of /generate and /impute: the control when none is given."""
     try:

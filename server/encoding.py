@@ -17,6 +17,7 @@ from starlette.responses import Response
 from sedd.engine import JobResult
 from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import write_cells_h5ad
+from sedd.request.draws import MEAN_LAYER, mean_of_draws
 from sedd.request.provenance import run_provenance
 from server.planning import PlannedJob, finite_or_zero
 from server.schemas import (
@@ -70,6 +71,17 @@ def counts_of(service: Service, result: JobResult) -> np.ndarray:
     return tokens_to_counts(result.tokens, service.loaded.config.tokens.mask_index)  # (N, G)
 
 
+def draws_of(
+    service: Service, planned: PlannedJob, result: JobResult
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(the first draw's (N, G) counts, the (N, G) float32 mean over all draws or None for
+    one draw) of a job holding every draw (``Plan.all_draws_job``)."""
+    counts, draws = counts_of(service, result), planned.plan.request.n_samples
+    if draws == 1:
+        return counts, None
+    return counts[: len(planned.cells)], mean_of_draws(counts, draws)
+
+
 def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
     request = planned.plan.request  # the schedule as resolved
     return ResponseMetadata(
@@ -118,15 +130,21 @@ def generate_body(service: Service, planned: PlannedJob, result: JobResult, job_
 
 
 def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
-    counts = counts_of(service, result)
-    return ImputeResponse(
+    """The first draw's counts; with several draws also their mean (``mean_of_draws``), a key
+    left out for one draw, so that body is what it always was."""
+    counts, mean = draws_of(service, planned, result)
+    body = ImputeResponse(
         genes=list(service.loaded.config.genes),
         counts=counts.tolist(),
         observed_genes=list(planned.observed_genes),
         dropped_genes=list(planned.dropped_genes),
         cells=_cell_labels(planned),
         metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
+        mean_of_draws=None if mean is None else mean.tolist(),
     ).model_dump()
+    if mean is None:
+        del body["mean_of_draws"]
+    return body
 
 
 def predict_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
@@ -171,11 +189,11 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
     uns = run_provenance(
         service.loaded, planned.plan.request, service.precision, timings, {"route": route}
     )
-    counts = counts_of(service, result)
+    counts, mean = draws_of(service, planned, result)
     with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
         path = write_cells_h5ad(
             Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells, uns,
-            var=planned.plan.var(),
+            var=planned.plan.var(), layers=None if mean is None else {MEAN_LAYER: mean},
         )  # fmt: skip
         return path.read_bytes()
 

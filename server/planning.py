@@ -55,14 +55,17 @@ class PlannedJob:
 
 
 def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) -> PlannedJob:
-    """The body's request (``to_request``), planned once, as one engine job with a deadline.
-    A body whose ``model`` names another model than the served one raises ``ModelNotServed``."""
+    """The body's request (``to_request``), planned once, as one engine job with a deadline
+    (every draw of every cell when it asks for several, ``Plan.all_draws_job``: the cost
+    admission then counts them all). A body whose ``model`` names another model than the
+    served one raises ``ModelNotServed``."""
     if body.model is not None and body.model != loaded.path.name:
         raise ModelNotServed(body.model, loaded.path.name)
     request = body.to_request(loaded, settings)
     timeout = body.timeout(settings)
     planned = _plan(loaded, request, list(body.names_loc))
-    return PlannedJob(planned, planned.job(deadline=time.monotonic() + timeout), body, timeout)
+    job = planned.all_draws_job(deadline=time.monotonic() + timeout)
+    return PlannedJob(planned, job, body, timeout)
 
 
 def _plan(loaded: LoadedModel, request: GenerationRequest, names_loc: list[str | int]) -> Plan:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
+from sedd.request.draws import MAX_N_SAMPLES
 from sedd.request.plan import GenerationRequest
 from sedd.request.plan import SamplingOptions as Sampling
 from server import decoding
@@ -226,6 +227,14 @@ class ImputeRequest(SamplingOptions):
         default=False,
         description="clip counts above the model's largest count instead of refusing them",
     )
+    n_samples: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_N_SAMPLES,
+        description="sample each cell this many times and add the per-cell mean of the draws as "
+        "`mean_of_draws` (`counts` stays the first draw; draw j of cell i uses stream "
+        "(seed, j * N + i)); counts as n_samples x the cells against the server's limits",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ImputeRequest:
@@ -253,18 +262,21 @@ class ImputeRequest(SamplingOptions):
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
         sampling = self.to_sampling(settings)
         decoding.check_cells(settings, len(self.counts), "counts")
+        decoding.check_draws(settings, len(self.counts), self.n_samples)
         imputation = decoding.imputation(loaded, self.genes, self.counts, self.clip)
         if self.cell_types is not None:
             imputation = decoding.cell_types(loaded, imputation, self.cell_types)
         if self.cell_conditions is not None:
             names, counts = decoding.cell_conditions(loaded, self.cell_conditions)
             return GenerationRequest.of(
-                1, names, self.cell_type, sampling, imputation=imputation, condition_counts=counts
-            )
+                1, names, self.cell_type, sampling, imputation=imputation,
+                condition_counts=counts, n_samples=self.n_samples,
+            )  # fmt: skip
         condition = decoding.one_condition(loaded, self.condition)
         return GenerationRequest.of(
-            imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation
-        )
+            imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation,
+            n_samples=self.n_samples,
+        )  # fmt: skip
 
 
 # ---- responses -------------------------------------------------------------------------------
@@ -340,6 +352,11 @@ class ImputeResponse(BaseModel):
     )
     cells: list[CellLabels]
     metadata: ResponseMetadata
+    mean_of_draws: list[list[float]] | None = Field(
+        default=None,
+        description="(cells, genes) per-cell mean over the request's n_samples draws (float32 "
+        "values); present only when n_samples > 1",
+    )
 
 
 class ModelCard(BaseModel):

@@ -4,7 +4,10 @@
 st3-compatible scripts call with the one ``sedd.request.plan.plan``. It takes the plan's jobs,
 one per ``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until
 each is done;
-``on_batch`` sees each finished batch before the next one ends. A ``sedd.engine.monitor.Monitor``
+``on_batch`` sees each finished batch before the next one ends. An imputation with ``n_samples``
+k runs each batch k times (``Plan.draw_jobs``): ``on_batch`` sees the first draw, ``on_mean``
+the batch's mean over all k once its last draw ends, so a run holds one batch's sum, never k
+copies of its cells. A ``sedd.engine.monitor.Monitor``
 (the engine's observer) counts its forwards and finished cells; its snapshot becomes the result's
 ``stats``.
 """
@@ -34,6 +37,7 @@ from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import PrecisionPolicy
+from sedd.request.draws import DrawMean
 from sedd.request.plan import Plan
 
 
@@ -43,6 +47,8 @@ class GenerationResult:
     genes: list[str]
     obs: pd.DataFrame
     stats: dict[str, object] = field(default_factory=dict)
+    # (N, G) float32 mean over the request's n_samples draws; None for one draw, or streamed away
+    mean_of_draws: np.ndarray | None = None
 
 
 def run_plan(
@@ -52,6 +58,7 @@ def run_plan(
     cell_range: range | None = None,
     on_progress: ProgressHook | None = None,
     on_batch: Callable[[range, np.ndarray], None] | None = None,
+    on_mean: Callable[[range, np.ndarray], None] | None = None,
     keep_counts: bool = True,
     sampler: Sampler | None = None,
 ) -> GenerationResult:
@@ -59,8 +66,11 @@ def run_plan(
 
     ``on_progress`` is called after every engine step with the batch's ``JobProgress``;
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
-    e.g. to save it before the next one finishes. ``keep_counts=False`` keeps no batch after
-    ``on_batch`` (a run of any size then holds a few batches at a time; ``counts`` is None).
+    e.g. to save it before the next one finishes; with ``n_samples`` > 1 it sees the first draw,
+    and ``on_mean(cells, mean)`` the batch's (B, G) float32 mean over every draw, after its
+    ``on_batch``. ``keep_counts=False`` keeps no batch after these (a run of any size then holds
+    a few batches at a time; ``counts`` and ``mean_of_draws`` are None). With draws, ``stats``
+    counts every draw's cells (the engine's work) and records ``n_samples``.
     ``sampler``: the one to step on, a ``sedd.engine.model_sampler`` of this ``precision`` and
     the request's forward block (the Python API keeps one per model, so its CUDA graphs are
     captured once); None builds a new one.
@@ -89,33 +99,54 @@ def run_plan(
         max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
         observer=monitor,
     )
-    batches: list[range] = []
+    draws = request.n_samples
+    batches: list[tuple[range, int]] = []  # (cells, draw) of each job
     parts: list[np.ndarray] = []
+    mean_parts: list[np.ndarray] = []
+    summed = DrawMean(draws)  # the draws of the batch in flight (they finish in order)
     fallbacks = 0
 
     def jobs() -> Iterator[EngineJob]:  # built as the engine needs them
-        for batch, job in plan.jobs(cells):
-            batches.append(batch)
+        for batch, draw, job in plan.draw_jobs(cells):
+            batches.append((batch, draw))
             yield job
 
     def finished(index: int, result: JobResult) -> None:
-        nonlocal fallbacks
+        nonlocal fallbacks, summed
         counts = tokens_to_counts(result.tokens, mask)  # (B, G)
         fallbacks += result.fp32_fallbacks
-        if on_batch is not None:
-            on_batch(batches[index], counts)
-        if keep_counts:
-            parts.append(counts)
+        batch, draw = batches[index]
+        if draw == 0:
+            if on_batch is not None:
+                on_batch(batch, counts)
+            if keep_counts:
+                parts.append(counts)
+        if draws == 1:
+            return
+        summed.add(counts)
+        if summed.complete:
+            mean = summed.mean()  # (B, G) float32
+            summed = DrawMean(draws)
+            if on_mean is not None:
+                on_mean(batch, mean)
+            if keep_counts:
+                mean_parts.append(mean)
 
     with monitor:
         run_jobs(engine, jobs(), finished, on_progress=on_progress)
         stats = run_stats(monitor.snapshot(), fallbacks)
+    if draws > 1:
+        stats["n_samples"] = draws
     counts = np.concatenate(parts) if parts else np.zeros((0, num_genes), dtype=np.int64)
+    mean = None
+    if draws > 1 and keep_counts:
+        mean = np.concatenate(mean_parts) if mean_parts else np.zeros((0, num_genes), np.float32)
     return GenerationResult(
         counts if keep_counts else None,
         list(loaded.config.genes),
         plan.cells.iloc[cells.start : cells.stop],
         stats,
+        mean,
     )
 
 

@@ -195,6 +195,11 @@ def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
 def prepare_shard(plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: Shard) -> ShardJob:
     """Claim or check ``out_dir/request.json`` and find what this shard still has to do."""
     loaded, request, num_cells = plan.loaded, plan.request, len(plan)
+    if request.n_samples != 1:
+        raise ValueError(
+            f"`n_samples` must be 1 for a sharded run, got {request.n_samples}: shards keep one "
+            "draw of each cell; write one file (--out) for the mean of several draws."
+        )
     identity = request_identity(
         loaded, request, precision, num_cells=num_cells, num_shards=shard.count
     )

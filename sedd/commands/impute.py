@@ -44,6 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of --cell-type)",
     )
     p.add_argument("--clip", action="store_true", help="clip counts above the model's vocabulary")
+    p.add_argument(
+        "--n-samples",
+        type=int,
+        default=1,
+        metavar="K",
+        help="sample each cell K times (1 to 64) and add the per-cell mean of the K draws as "
+        "layers['mean_of_draws'] (float32); .X stays the first draw; draw j of cell i uses "
+        "stream (seed, j*N + i) (default 1: no layer)",
+    )
     add_model_arguments(p)
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/imputed.h5ad"), shards=False)
@@ -55,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import check_h5ad_name, request_from_args, run_request
     from sedd.io.files import check_writable, refuse_existing
+    from sedd.request.draws import check_n_samples
     from sedd.request.imputation import (
         dropped_genes_warning,
         imputation_conditions,
@@ -62,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         with_cell_types,
     )
 
+    check_n_samples(args.n_samples)  # before the data is read or the model loads
     data = args.data or args.input
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
@@ -83,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         conditions=conditions,
         imputation=imputation,
         condition_counts=counts,
+        n_samples=args.n_samples,
     )
     run_request(loaded, request, args)
     return 0

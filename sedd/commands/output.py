@@ -21,6 +21,7 @@ from sedd.engine.offline import ProgressHook
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
 from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
+from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import Imputation
 from sedd.request.plan import GenerationRequest, Plan, SamplingOptions, plan
 from sedd.request.provenance import run_provenance
@@ -81,8 +82,10 @@ def request_from_args(
     conditions: list[str] | tuple[str, ...] | None,
     imputation: Imputation | None = None,
     condition_counts: tuple[int, ...] | None = None,
+    n_samples: int = 1,
 ) -> GenerationRequest:
-    """The request that ``add_sampling_arguments`` options describe."""
+    """The request that ``add_sampling_arguments`` options describe (``n_samples``: draws of
+    each imputed cell, ``sedd impute --n-samples``)."""
     sampling = SamplingOptions.resolve(
         args.steps, args.time_grid, sampler=args.sampler, temperature=args.temperature,
         seed=args.seed, batch_size=args.batch_size,
@@ -91,7 +94,7 @@ def request_from_args(
         cells_per_condition, conditions, args.cell_type, sampling,
         tokens_per_forward=getattr(args, "tokens_per_forward", None),
         cuda_graphs=getattr(args, "cuda_graphs", None), imputation=imputation,
-        condition_counts=condition_counts,
+        condition_counts=condition_counts, n_samples=n_samples,
     )  # fmt: skip
 
 
@@ -104,16 +107,21 @@ def write_one_file(
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Generate (with a progress bar as ``show_progress(progress)`` says), write the h5ad and
-    ``<out>.metrics.json``, print a summary."""
+    ``<out>.metrics.json``, print a summary. Several draws a cell (``n_samples``) stream their
+    mean into ``layers["mean_of_draws"]`` batch by batch, beside the first draw's counts."""
     loaded, request = planned.loaded, planned.request
     precision = resolve_precision(precision_name, loaded.device)
+    layers = (MEAN_LAYER,) if request.n_samples > 1 else ()
     writer = CellWriter(
-        check_writable(out), loaded.config.genes, count_dtype=counts_dtype, var=planned.var()
-    )
-    with writer, _bar(len(planned), request.steps, "sampling", progress) as on_progress:
+        check_writable(out), loaded.config.genes, count_dtype=counts_dtype, var=planned.var(),
+        layers=layers,
+    )  # fmt: skip
+    draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
+    with writer, _bar(draws, request.steps, "sampling", progress) as on_progress:
         result = run_plan(
             planned, precision, on_progress=on_progress,
-            on_batch=lambda _, counts: writer.add(counts), keep_counts=False,
+            on_batch=lambda _, counts: writer.add(counts),
+            on_mean=lambda _, mean: writer.add_layer(MEAN_LAYER, mean), keep_counts=False,
         )  # fmt: skip
         writer.finish(result.obs, run_provenance(loaded, request, precision, result.stats))
     return finish(out, result.stats, precision, num_genes=len(result.genes))
@@ -189,8 +197,10 @@ def summary_line(
     """One line from ``sedd.batch.run.run_stats`` (or a shard's sum of them)."""
     gpu = stats.get("gpu_utilization_pct")  # only where NVML reads the GPU
     busy = f", GPU {gpu:.0f}% busy at the end" if gpu is not None else ""
+    draws = int(stats.get("n_samples") or 1)  # stats count every draw; the file one a cell
+    each = f" (and the mean of {draws} draws each)" if draws > 1 else ""
     return (
-        f"wrote {out}: {stats['cells']} cells x {num_genes} genes in "
+        f"wrote {out}: {int(stats['cells']) // draws} cells x {num_genes} genes{each} in "
         f"{stats['seconds']:.1f} s ({stats['cells_per_s']:.2f} cells/s, "
         f"{stats['tokens_per_s']:.0f} tokens/s, {stats['forwards']} forwards = "
         f"{stats['forwards_per_s']:.1f} forwards/s, peak memory "

@@ -42,6 +42,7 @@ def cells_anndata(
     *,
     count_dtype: CountDtype = "int",
     var: pd.DataFrame | None = None,
+    layers: Mapping[str, np.ndarray] | None = None,
 ) -> anndata.AnnData:
     """Cells x genes integer counts as AnnData.
 
@@ -52,7 +53,8 @@ def cells_anndata(
       ``count_dtype="float32"`` stores the same integer values as float32, for tools that
       normalise ``.X`` in place (Arc's cell-eval / pdex fail on integer matrices);
     - ``uns`` made writable: tuples -> lists, numpy/torch scalars -> Python; None stays None
-      (h5ad stores it as null).
+      (h5ad stores it as null);
+    - ``layers``: (cells, genes) real values each (e.g. the mean over draws), as CSR float32.
     """
     genes = [str(g) for g in genes]
     require_unique(genes, "genes")
@@ -61,6 +63,8 @@ def cells_anndata(
         matrix = matrix.astype(np.float32)
     obs_frame = _obs_frame(obs, n_cells=matrix.shape[0])
     adata = anndata.AnnData(X=matrix, obs=obs_frame, var=_var_frame(genes, var))
+    for name, values in (layers or {}).items():
+        adata.layers[name] = _layer_for_writing(values, shape=matrix.shape)
     adata.uns.update(_writable_uns(dict(uns)))
     return adata
 
@@ -75,11 +79,12 @@ def write_cells_h5ad(
     compression: Literal["gzip", "lzf"] | None = "gzip",
     count_dtype: CountDtype = "int",
     var: pd.DataFrame | None = None,
+    layers: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
     """Write ``cells_anndata(...)`` to ``path`` atomically and return the path: a temporary
     name in the same directory, then ``os.replace``."""
     path = Path(path)
-    adata = cells_anndata(counts, genes, obs, uns, count_dtype=count_dtype, var=var)
+    adata = cells_anndata(counts, genes, obs, uns, count_dtype=count_dtype, var=var, layers=layers)
     write_h5ad_atomic(adata, path, compression=compression)
     return path
 
@@ -171,6 +176,16 @@ def _count_matrix_for_writing(counts: Any, *, n_genes: int) -> sp.csr_matrix:
     return sp.csr_matrix(csr, dtype=np.int32 if max_value < 2**31 else np.int64)
 
 
+def _layer_for_writing(values: np.ndarray, *, shape: tuple[int, ...]) -> sp.csr_matrix:
+    """A (cells, genes) layer of real values as CSR float32 (X's layout), zeros left out."""
+    array = np.asarray(values, dtype=np.float32)
+    if array.shape != tuple(shape):  # a bug, not a user error
+        raise ValueError(f"a layer must be {tuple(shape)} like the counts, got {array.shape}.")
+    csr = sp.csr_matrix(array)
+    csr.eliminate_zeros()
+    return csr
+
+
 def _obs_frame(obs: pd.DataFrame | Mapping[str, Any], *, n_cells: int) -> pd.DataFrame:
     if isinstance(obs, pd.DataFrame):
         frame = obs.copy()
@@ -248,6 +263,8 @@ class CellWriter:
     """Cells written to one .h5ad as they come, so a run of any size holds one batch at a time.
 
     ``X`` is CSR on disk and grows with each ``add`` (anndata's ``sparse_dataset(...).append``);
+    each of ``layers`` (names) the same way with each ``add_layer`` (CSR float32, as
+    ``cells_anndata`` writes layers), and must have as many rows as ``X`` at the end;
     ``finish(obs, uns)`` writes the annotations and renames the temporary file into place, so
     the path never holds half a file. Use as a context manager: an error removes the temp file.
     A write the OS refuses (a full disk, a file-size limit) raises ``OSError`` naming ``path``
@@ -261,14 +278,19 @@ class CellWriter:
         *,
         count_dtype: CountDtype = "int",
         var: pd.DataFrame | None = None,
+        layers: Sequence[str] = (),
     ) -> None:
         self.path = Path(path)
         self.genes = [str(g) for g in genes]
         require_unique(self.genes, "genes")
         self.dtype = np.float32 if count_dtype == "float32" else np.int32
         self.cells = 0
-        self._buffer: list[sp.csr_matrix] = []  # batches not yet written (at most _FLUSH_NNZ)
-        self._buffered_nnz = 0
+        self.layers = tuple(str(name) for name in layers)
+        # per element ("X", "layers/<name>"): batches not yet written (at most _FLUSH_NNZ), rows
+        elements = ["X", *(f"layers/{name}" for name in self.layers)]
+        self._buffers: dict[str, list[sp.csr_matrix]] = {key: [] for key in elements}
+        self._buffered_nnz = dict.fromkeys(elements, 0)
+        self._rows = dict.fromkeys(elements, 0)
         make_parents(self.path)
         self._tmp = temporary_name(self.path)
         self._ensure_space(0)  # before any sampling: a full disk is refused at once
@@ -279,6 +301,8 @@ class CellWriter:
                 self._file.attrs["encoding-type"] = "anndata"
                 self._file.attrs["encoding-version"] = "0.1.0"
                 write_elem(self._file, "var", _var_frame(self.genes, var))
+                if self.layers:
+                    write_elem(self._file, "layers", {})
         except BaseException:
             self.abort()
             raise
@@ -293,39 +317,55 @@ class CellWriter:
     def add(self, counts: np.ndarray | sp.spmatrix | sp.sparray | torch.Tensor) -> None:
         """Append (B, G) counts (dense or sparse, non-negative integers)."""
         matrix = _count_matrix_for_writing(counts, n_genes=len(self.genes))
-        csr = sp.csr_matrix(matrix, dtype=self.dtype)
-        self._buffer.append(csr)
-        self._buffered_nnz += csr.nnz
-        self.cells += csr.shape[0]
-        if self._buffered_nnz >= _FLUSH_NNZ:
-            with self._checked():
-                self._flush()
+        self._append("X", sp.csr_matrix(matrix, dtype=self.dtype))
+        self.cells += matrix.shape[0]
 
-    def _flush(self) -> None:
-        """Write the buffered batches as one append: appends to a compressed dataset rewrite
-        its last chunk, so many small ones would cost time that grows with the file."""
-        if not self._buffer and "X" in self._file:
+    def add_layer(self, name: str, values: np.ndarray) -> None:
+        """Append (B, G) real values to the layer ``name`` (one of ``layers``)."""
+        if name not in self.layers:  # a bug, not a user error
+            raise ValueError(f"layer {name!r} was not named when the writer was made.")
+        rows = np.shape(values)[0]
+        self._append(f"layers/{name}", _layer_for_writing(values, shape=(rows, len(self.genes))))
+
+    def _append(self, key: str, csr: sp.csr_matrix) -> None:
+        self._buffers[key].append(csr)
+        self._buffered_nnz[key] += csr.nnz
+        self._rows[key] += csr.shape[0]
+        if self._buffered_nnz[key] >= _FLUSH_NNZ:
+            with self._checked():
+                self._flush(key)
+
+    def _flush(self, key: str) -> None:
+        """Write the buffered batches of ``key`` as one append: appends to a compressed dataset
+        rewrite its last chunk, so many small ones would cost time that grows with the file."""
+        buffer = self._buffers[key]
+        if not buffer and key in self._file:
             return
+        dtype = self.dtype if key == "X" else np.float32
         csr = (
-            sp.vstack(self._buffer, format="csr", dtype=self.dtype)
-            if self._buffer
-            else (sp.csr_matrix((0, len(self.genes)), dtype=self.dtype))
+            sp.vstack(buffer, format="csr", dtype=dtype)
+            if buffer
+            else (sp.csr_matrix((0, len(self.genes)), dtype=dtype))
         )
-        self._buffer, self._buffered_nnz = [], 0
+        self._buffers[key], self._buffered_nnz[key] = [], 0
         self._ensure_space(csr.data.nbytes + csr.indices.nbytes + 8 * (csr.shape[0] + 1))
-        if "X" in self._file:
-            sparse_dataset(self._file["X"]).append(csr)
+        if key in self._file:
+            sparse_dataset(self._file[key]).append(csr)
             return
-        write_elem(self._file, "X", csr, dataset_kwargs={"compression": "gzip"})
-        group = self._file["X"]  # a 64-bit indptr: a million cells can hold > 2**31 counts
+        write_elem(self._file, key, csr, dataset_kwargs={"compression": "gzip"})
+        group = self._file[key]  # a 64-bit indptr: a million cells can hold > 2**31 counts
         indptr = group["indptr"][...].astype(np.int64)
         del group["indptr"]
         group.create_dataset("indptr", data=indptr, maxshape=(None,), chunks=True)
 
     def finish(self, obs: pd.DataFrame | Mapping[str, Any], uns: Mapping[str, Any]) -> Path:
         """Write ``obs`` (one row per cell added) and ``uns``, close and rename into place."""
+        for key, rows in self._rows.items():
+            if rows != self.cells:  # a bug, not a user error
+                raise ValueError(f"{key} has {rows} rows for {self.cells} cells.")
         with self._checked():
-            self._flush()
+            for key in self._buffers:
+                self._flush(key)
             frame = _obs_frame(obs, n_cells=self.cells)
             self._ensure_space(int(frame.memory_usage(deep=True).sum()))
             write_elem(self._file, "obs", frame)

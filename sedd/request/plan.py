@@ -5,7 +5,8 @@ is the one planning call. The Python API, ``sedd generate/predict/impute``, shar
 server all call both. A ``Plan`` numbers the request's cells 0..N-1 (condition by condition),
 once per run, and turns any range of them into an ``EngineJob`` in which cell i draws from its
 own random stream (seed, i), so a cell does not depend on the batch, shard or server request
-that ran it.
+that ran it. An imputation of N cells with ``n_samples`` k samples each k times: draw j of cell
+i is stream (seed, j * N + i) (``sedd.request.draws``), so draw 0 is the one-draw cell.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,7 @@ from sedd.checkpoints import LoadedModel
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid, resolve_schedule
 from sedd.diffusion.sampling import Predictor
 from sedd.engine import EngineJob
+from sedd.request.draws import check_n_samples, draw_cell_index
 from sedd.request.imputation import Imputation
 
 
@@ -66,7 +68,9 @@ class GenerationRequest:
     condition per imputed cell as runs), its own count. A name listed k times gets k runs of
     cells, numbered on. ``imputation`` holds observed counts that every cell keeps; its cells are
     its rows, as many as the request's cells. ``batch_size`` is the number of cells per model
-    forward (rounded up to whole forward blocks); it never changes a cell.
+    forward (rounded up to whole forward blocks); it never changes a cell. ``n_samples``
+    (imputation only): draws of each cell, whose mean the output adds beside the first draw
+    (``sedd.request.draws``); it never changes the first draw.
     """
 
     cells_per_condition: int
@@ -86,6 +90,7 @@ class GenerationRequest:
     cuda_graphs: bool | None = field(default=None, compare=False)
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
     condition_counts: tuple[int, ...] | None = None  # cells of each of `conditions`
+    n_samples: int = 1  # draws of each imputed cell; draw j of cell i: stream (seed, j * N + i)
 
     @classmethod
     def of(
@@ -99,6 +104,7 @@ class GenerationRequest:
         cuda_graphs: bool | None = None,
         imputation: Imputation | None = None,
         condition_counts: Sequence[int] | None = None,
+        n_samples: int = 1,
     ) -> GenerationRequest:
         """The request every front door builds: what to generate, sampled as ``sampling`` says."""
         return cls(
@@ -110,6 +116,7 @@ class GenerationRequest:
             tokens_per_forward=tokens_per_forward,
             cuda_graphs=cuda_graphs,
             imputation=imputation,
+            n_samples=n_samples,
         )
 
     @property
@@ -151,6 +158,13 @@ class GenerationRequest:
                 f"`condition_counts` must give a count >= 1 for each of the "
                 f"{len(self.conditions or ())} conditions, got {list(counts)}."
             )
+        check_n_samples(self.n_samples)
+        if self.n_samples > 1 and self.imputation is None:
+            raise ValueError(
+                f"`n_samples` must be 1 for cells generated without observed counts, got "
+                f"{self.n_samples}: draws of such a cell are more cells of its condition; ask for "
+                "k times the cells and average them by condition."
+            )
         imputed = self.imputation
         if imputed is not None and imputed.num_cells != self.num_cells:
             raise ValueError(
@@ -177,6 +191,8 @@ class GenerationRequest:
             out["condition_counts"] = list(self.condition_counts)
         if self.imputation is not None:
             out["imputed_from_genes"] = list(self.imputation.genes)
+        if self.n_samples != 1:  # absent for one draw: earlier records and identities hold
+            out["n_samples"] = self.n_samples
         return out
 
 
@@ -255,11 +271,11 @@ def _with_input_columns(frame: pd.DataFrame, given: pd.DataFrame) -> pd.DataFram
 
 def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
     """8 hex digits naming a request's cells: the same for the same model and request (its
-    batch size and forward block aside, which never change a cell), different for another seed,
-    condition list, cell type, sampler setting or imputed input."""
+    batch size, forward block and number of draws aside, which never change a cell), different
+    for another seed, condition list, cell type, sampler setting or imputed input."""
     identity = request.record()
-    for key in ("batch_size", "tokens_per_forward"):
-        identity.pop(key)
+    for key in ("batch_size", "tokens_per_forward", "n_samples"):
+        identity.pop(key, None)
     identity["model_sha256"] = loaded.file_hash
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
     if request.imputation is not None:
@@ -284,7 +300,8 @@ class Plan:
 
     ``cells`` has one row per cell, in cell order (``cell_plan``'s columns); ``job`` and
     ``jobs`` turn ranges of them into engine jobs: cell i draws from stream (seed, i), i its
-    number in the whole request.
+    number in the whole request; draw j of cell i (``n_samples`` > 1) from stream
+    (seed, j * N + i), N the request's cells (``draw_jobs``, ``all_draws_job``).
     """
 
     loaded: LoadedModel
@@ -294,11 +311,16 @@ class Plan:
     def __len__(self) -> int:
         return len(self.cells)
 
-    def job(self, cells: range | None = None, *, deadline: float | None = None) -> EngineJob:
-        """The engine job for ``cells`` (default all)."""
+    def job(
+        self, cells: range | None = None, *, draw: int = 0, deadline: float | None = None
+    ) -> EngineJob:
+        """The engine job for ``cells`` (default all), draw ``draw`` of them (default the first,
+        the one every request has)."""
         cells = range(len(self)) if cells is None else cells
         if cells.start < 0 or cells.stop > len(self) or len(cells) == 0:
             raise ValueError(f"cells {cells} must be a non-empty part of the {len(self)} planned.")
+        if not 0 <= draw < self.request.n_samples:  # a bug, not a user error
+            raise ValueError(f"draw {draw} is not one of the request's {self.request.n_samples}.")
         labels, cell_types = plan_labels(self.loaded, self.cells.iloc[cells.start : cells.stop])
         request, imputed = self.request, self.request.imputation
         return EngineJob(
@@ -308,7 +330,7 @@ class Plan:
             sampler=request.sampler,
             temperature=request.temperature,
             seed=request.seed,
-            first_cell=cells.start,
+            first_cell=draw_cell_index(cells.start, draw, len(self)),
             labels=labels,
             cell_types=cell_types,
             x_init=None if imputed is None else imputed.x_init[cells.start : cells.stop],
@@ -325,6 +347,35 @@ class Plan:
         for lo in range(cells.start, cells.stop, size):
             batch = range(lo, min(lo + size, cells.stop))
             yield batch, self.job(batch)
+
+    def draw_jobs(self, cells: range | None = None) -> Iterator[tuple[range, int, EngineJob]]:
+        """Every draw of ``cells``, ``request.batch_size`` cells at a time: (cell numbers, draw,
+        job), a batch's ``n_samples`` draws one after another, draw 0 first, so the mean of one
+        batch is complete before the next batch runs. One draw: ``jobs``, draw 0 each."""
+        for batch, first in self.jobs(cells):
+            yield batch, 0, first
+            for draw in range(1, self.request.n_samples):
+                yield batch, draw, self.job(batch, draw=draw)
+
+    def all_draws_job(self, *, deadline: float | None = None) -> EngineJob:
+        """Every draw of every cell as one job (the server runs a request as one): row
+        j * N + i is draw j of cell i, the rows of ``job(draw=j)`` one after another, on
+        streams 0 .. k * N - 1. One draw: ``job()``."""
+        whole, draws = self.job(deadline=deadline), self.request.n_samples
+        if draws == 1:
+            return whole
+
+        def tiled(rows: torch.Tensor | None) -> torch.Tensor | None:  # (N, ...) -> (k * N, ...)
+            return None if rows is None else rows.repeat(draws, *([1] * (rows.dim() - 1)))
+
+        return replace(
+            whole,
+            num_cells=draws * whole.num_cells,
+            labels=tiled(whole.labels),
+            cell_types=tiled(whole.cell_types),
+            x_init=tiled(whole.x_init),
+            fixed=tiled(whole.fixed),
+        )
 
     def var(self) -> pd.DataFrame:
         """The output's ``var``: the model's genes, and ``observed`` when imputing."""

@@ -8,6 +8,7 @@ from typing import Any
 from sedd.checkpoints import LoadedModel
 from sedd.io.write import provenance_uns
 from sedd.precision import PrecisionPolicy
+from sedd.request.draws import MEAN_LAYER
 from sedd.request.plan import GenerationRequest
 
 
@@ -19,11 +20,15 @@ def run_provenance(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad);
-    imputations also record how many genes were observed and which were dropped."""
+    imputations also record how many genes were observed and which were dropped, and, with
+    several draws, ``n_samples`` and the layer holding their mean (``mean_layer``)."""
     imputed = request.imputation
     if imputed is not None:
         observed = {"observed_genes": len(imputed.genes), "dropped_genes": imputed.dropped_genes}
         extra = {"imputation": observed, **(extra or {})}
+    if request.n_samples != 1:  # absent for one draw: its output is what it always was
+        draws = {"n_samples": request.n_samples, "mean_layer": MEAN_LAYER}
+        extra = {**draws, **(extra or {})}
     return provenance_uns(
         sampler=request.sampler,
         steps=request.steps,
