@@ -20,7 +20,7 @@ from sedd.io.write import write_cells_h5ad
 from sedd.request.draws import MEAN_LAYER, mean_of_draws
 from sedd.request.provenance import run_provenance
 from server.planning import PlannedJob, finite_or_zero
-from server.schemas import (
+from server.responses import (
     CellLabels,
     GenerateResponse,
     ImputeResponse,

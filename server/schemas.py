@@ -1,4 +1,4 @@
-"""Request and response bodies, with bounds and OpenAPI examples.
+"""Request bodies, with bounds and OpenAPI examples (the responses: ``server.responses``).
 
 Static bounds here are hard ceilings; the server's own limits (``max_cells_per_request``,
 ``max_steps``) are checked by each body's ``to_request`` (its one conversion to the library's
@@ -8,7 +8,7 @@ clients and schemathesis see the real maxima.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -277,129 +277,3 @@ class ImputeRequest(SamplingOptions):
             imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation,
             n_samples=self.n_samples,
         )  # fmt: skip
-
-
-# ---- responses -------------------------------------------------------------------------------
-
-
-class PrecisionRecord(BaseModel):
-    """docs/precision.md rule 8; ``fp32_fallbacks`` counts this request's rows only."""
-
-    amp_dtype: str
-    weight_dtype: str
-    tf32: bool
-    device: str
-    torch_version: str
-    fp32_fallbacks: int
-
-
-class ResponseMetadata(BaseModel):
-    job_id: str
-    seed: int
-    steps: int
-    time_grid: TimeGrid
-    sampler: SamplerName
-    temperature: float
-    precision: PrecisionRecord
-    queue_seconds: float
-    compute_seconds: float
-    forwards: int
-    checkpoint_sha256: str
-
-
-class CellLabels(BaseModel):
-    """One cell's row of the .h5ad's obs: the same names and values as ``sedd generate`` writes."""
-
-    name: str = Field(description="the cell's obs name: <run id>-<cell index>")
-    condition: str | None = Field(None, description="the model's label (cell type or perturbation)")
-    perturbation: str | None = Field(None, description="the label again, for perturbation models")
-    sample_idx: int = Field(description="the cell's number within its condition")
-    cell_type: str | None = None
-    seed: int = Field(description="the request's seed; with cell_index it fixes the cell")
-    cell_index: int = Field(description="the cell's random stream: cell i draws from (seed, i)")
-
-
-class GenerateResponse(BaseModel):
-    genes: list[str]
-    counts: list[list[int]] = Field(description="(cells, genes) integer counts")
-    cells: list[CellLabels]
-    metadata: ResponseMetadata
-
-
-class PerturbationResult(BaseModel):
-    name: str
-    is_control: bool
-    counts: list[list[int]]
-    mean: list[float] = Field(description="per-gene mean count over this perturbation's cells")
-    shift_vs_control: list[float] | None = Field(
-        default=None, description="mean minus the control's mean (when control cells exist)"
-    )
-
-
-class PredictResponse(BaseModel):
-    genes: list[str]
-    control: str | None
-    perturbations: list[PerturbationResult]
-    metadata: ResponseMetadata
-
-
-class ImputeResponse(BaseModel):
-    genes: list[str]
-    counts: list[list[int]] = Field(description="given counts kept, the rest sampled")
-    observed_genes: list[str]
-    dropped_genes: list[str] = Field(
-        default_factory=list, description="genes of the request the model does not have (ignored)"
-    )
-    cells: list[CellLabels]
-    metadata: ResponseMetadata
-    mean_of_draws: list[list[float]] | None = Field(
-        default=None,
-        description="(cells, genes) per-cell mean over the request's n_samples draws (float32 "
-        "values); present only when n_samples > 1",
-    )
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    path: str
-    architecture: str
-    num_parameters: int
-    num_genes: int
-    genes: list[str]
-    max_count: int
-    label_kind: Literal["perturbation", "cell_type", "other"] = Field(
-        description="what the conditions are: perturbations, cell types or other labels"
-    )
-    label_key: str | None = Field(description="the obs column the labels were trained from")
-    conditions: list[str] | None = Field(description="the names `condition` takes")
-    default_condition: str | None = Field(
-        description="what /generate and /impute use without a `condition`"
-    )
-    perturbations: list[str] | None = Field(description="perturbation models only")
-    control_label: str | None = Field(description="perturbation models only")
-    cell_types: list[str] | None
-    checkpoint_sha256: str
-    precision: PrecisionRecord
-    limits: dict[str, float | int]
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class Health(BaseModel):
-    status: Literal["ok"] = "ok"
-
-
-class Readiness(BaseModel):
-    status: Literal["ready"] = "ready"
-    queued_jobs: int
-    active_jobs: int
-    active_rows: int
-    seconds_since_step: float | None
-
-
-class ErrorBody(BaseModel):
-    detail: str | list[dict[str, Any]]

@@ -24,8 +24,8 @@ from sedd.batch.manifest import (
     read_json,
 )
 from sedd.batch.shards import Shard, shard_range
+from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
-from sedd.io.write import CellWriter
 
 _CHUNK_CELLS = 16384  # cells copied at a time
 

@@ -35,8 +35,8 @@ from sedd.batch.run import run_plan
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine import JobProgress
+from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
-from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import GenerationRequest, Plan
 from sedd.request.provenance import run_provenance

@@ -18,8 +18,8 @@ from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import show_progress
 from sedd.engine.offline import ProgressHook
+from sedd.io.cell_writer import CellWriter
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
-from sedd.io.write import CellWriter
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import Imputation

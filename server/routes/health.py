@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from server.deps import AuthDep, ServiceDep
 from server.errors import NotReady
 from server.limits import LimitedRoute
-from server.schemas import ErrorBody, Health, Readiness
+from server.responses import ErrorBody, Health, Readiness
 
 router = APIRouter(route_class=LimitedRoute, tags=["health"])
 STALL_S = 60.0  # an engine with work that has not stepped for this long is not ready

@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException
 
 from server.deps import AuthDep, ServiceDep
 from server.limits import LimitedRoute
-from server.schemas import ErrorBody, ModelCard, ModelList
+from server.responses import ErrorBody, ModelCard, ModelList
 from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["models"])

@@ -19,16 +19,9 @@ from server.deps import AuthDep, ServiceDep
 from server.errors import FieldError, http_error
 from server.events import stream_responses
 from server.limits import LimitedRoute
+from server.responses import ErrorBody, GenerateResponse, ImputeResponse, PredictResponse
 from server.runner import run_job, stream_job
-from server.schemas import (
-    ErrorBody,
-    GenerateRequest,
-    GenerateResponse,
-    ImputeRequest,
-    ImputeResponse,
-    PredictRequest,
-    PredictResponse,
-)
+from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
 from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["sampling"])

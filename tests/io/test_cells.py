@@ -321,7 +321,7 @@ def test_write_cells_h5ad_float32_keeps_the_integer_values(tmp_path: Path) -> No
 def test_cell_writer_appends_batches_on_disk_and_reads_back_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sedd.io.write as out
+    import sedd.io.cell_writer as out
 
     monkeypatch.setattr(out, "_FLUSH_NNZ", 7)  # an append every batch or two
     rng = np.random.default_rng(0)
@@ -341,7 +341,7 @@ def test_cell_writer_appends_batches_on_disk_and_reads_back_exactly(
 
 
 def test_cell_writer_leaves_nothing_behind_on_error(tmp_path: Path) -> None:
-    import sedd.io.write as out
+    import sedd.io.cell_writer as out
 
     path = tmp_path / "cells.h5ad"
     with pytest.raises(ValueError, match="counts must be"), out.CellWriter(path, ["a", "b"]) as w:

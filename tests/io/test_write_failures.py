@@ -108,7 +108,9 @@ def test_a_real_disk_that_fills_after_the_check_exits_3_and_leaves_nothing(
     here, so that HDF5 meets the full disk itself."""
     (small_disk / "filler").write_bytes(b"\0" * (4 * 2**20 - 60_000))
     out = small_disk / "cells.h5ad"
-    skip_check = "from sedd.io.write import CellWriter\nCellWriter._ensure_space = lambda *_: None"
+    skip_check = (
+        "from sedd.io.cell_writer import CellWriter\nCellWriter._ensure_space = lambda *_: None"
+    )
     done = _cli(_generate(out, cells=400), code=skip_check)
     assert done.returncode == 3, (done.returncode, done.stderr[-3000:])
     line = _one_error(done.stderr)
