@@ -63,14 +63,22 @@ def check_h5ad_name(out: Path | None, flag: str = "--out") -> None:
     )
 
 
-def claim_output(out: Path, overwrite: bool) -> Path:
+def claim_output(
+    out: Path,
+    overwrite: bool,
+    *,
+    flag: str = "--out",
+    overwrite_flag: str = "--overwrite",
+    also: tuple[Path, ...] = (),
+) -> Path:
     """``out``, once it may be written: refused when it is not an ``.h5ad`` name, or holds an
     earlier result (unless ``overwrite``); with ``overwrite``, the records describing the old
-    cells are removed first, so none outlives them (``sedd.io.files.stale_records``)."""
-    check_h5ad_name(out)
-    refuse_existing(out, overwrite=overwrite)
+    cells (``sedd.io.files.stale_records``, and ``also``) are removed first, so none outlives
+    them. ``flag`` and ``overwrite_flag`` are the options the errors name."""
+    check_h5ad_name(out, flag)
+    refuse_existing(out, overwrite=overwrite, flag=overwrite_flag)
     if out.exists():  # records of a file not yet written describe the run now writing it
-        for record in stale_records(out):
+        for record in [*stale_records(out), *also]:
             record.unlink(missing_ok=True)
     return out
 

@@ -33,7 +33,13 @@ from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_progress_argument, add_shard_arguments
 from sedd.commands.loading import load_from_args
-from sedd.commands.output import check_h5ad_name, request_from_args, run_shard, write_one_file
+from sedd.commands.output import (
+    check_h5ad_name,
+    claim_output,
+    request_from_args,
+    run_shard,
+    write_one_file,
+)
 from sedd.commands.st3_flags import (
     Script,
     add_st3_flags,
@@ -42,7 +48,7 @@ from sedd.commands.st3_flags import (
     read_st3_config,
 )
 from sedd.defaults import default_device
-from sedd.io.files import refuse_existing, stale_records, write_json_atomic
+from sedd.io.files import refuse_existing, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest, plan
 
@@ -139,10 +145,8 @@ def _claim(out: Path, args: argparse.Namespace, also: tuple[Path, ...] = ()) -> 
     """Before any sampling: refuse when ``out`` holds an earlier run's cells (unless
     ``--overwrite``); when it does and may be replaced, the records that describe the old cells
     go first, so no moment leaves metadata of one run beside the cells of another."""
-    refuse_existing(out, overwrite=args.overwrite, flag=OVERWRITE)
-    if out.exists():
-        for record in [*stale_records(out), _metadata_path(out), *also]:
-            record.unlink(missing_ok=True)
+    claim_output(out, args.overwrite, flag="--output_path", overwrite_flag=OVERWRITE,
+                 also=(_metadata_path(out), *also))  # fmt: skip
 
 
 _SHARD_FLAGS = ("--num-shards", "--num_shards", "--shard-index", "--shard_index")
@@ -273,13 +277,13 @@ def _evaluate(test: Path, out: Path, args: argparse.Namespace) -> None:
     """``sedd evaluate --real TEST --generated OUT``, st3's ``--gene`` naming the test labels."""
     from sedd.commands import evaluate
 
-    sub = argparse.ArgumentParser(allow_abbrev=False).add_subparsers()
-    evaluate.register(sub)
+    root = argparse.ArgumentParser(allow_abbrev=False)
+    evaluate.register(root.add_subparsers())
     cmd = ["evaluate", "--real", str(test), "--generated", str(out),
            "--real-condition-key", args.gene, "--condition-key", "perturbation",
            "--seed", str(args.seed)]  # fmt: skip
     print(f"--evaluate: sedd {' '.join(cmd)}")
-    parsed = sub._name_parser_map["evaluate"].parse_args(cmd[1:])
+    parsed = root.parse_args(cmd)
     parsed.func(parsed)
 
 

@@ -6,7 +6,6 @@ seed, labels, genes)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from st3_runs import job
 
 from sedd.commands.st3_flags import ST3_FLAGS, flags_for
 from sedd.commands.st3_scripts import inference_conditional, inference_generation
@@ -295,12 +295,6 @@ def test_the_table_lists_each_flag_once_per_script() -> None:
     assert all(f.flag.startswith("--") for f in ST3_FLAGS)
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(SEDD=str(Path(sys.executable).parent / "sedd"), PYTHONWARNINGS="ignore", **extra)
-    return env
-
-
 def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert_ct_esm", tmp_path)
     test = _cells(tmp_path / "test.h5ad", ["GENE_B", "non-targeting"], 4, POSITIONAL)
@@ -310,7 +304,8 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
     )
     perts = tmp_path / "perts.txt"
     perts.write_text("GENE_B\nnon-targeting\n")
-    env = _env(
+    run = job(
+        "inf_conditional.sh",
         EXPERIMENT_DIR=str(exp),
         CONFIG=str(config),
         CHECKPOINT=str(exp / "final.pt"),
@@ -327,15 +322,6 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
         PRECISION="fp32",
         NUM_SHARDS="2",
     )  # the variables win over CONFIG's YAML, which still sets --gene
-    run = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "inf_conditional.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
     assert run.returncode == 0, run.stderr[-2000:]
     out = exp / "inference_results" / "generated_cells.h5ad"
     adata = anndata.read_h5ad(out)
@@ -354,7 +340,8 @@ def test_the_generation_job_script_honours_every_st3_variable(tmp_path: Path) ->
     reference = _cells(tmp_path / "ref.h5ad", ["x"], 2, genes)
     out = tmp_path / "gen" / "cells.h5ad"
     config = _yaml(tmp_path / "c.yaml", {"inference": {"num_generate": 3}})
-    env = _env(
+    run = job(
+        "inf_generation.sh",
         EXPERIMENT_DIR=str(exp),
         CONFIG=str(config),
         CHECKPOINT=str(exp / "final.pt"),
@@ -365,15 +352,6 @@ def test_the_generation_job_script_honours_every_st3_variable(tmp_path: Path) ->
         TEMPERATURE="0.9",
         SEED="4",
         PRECISION="fp32",
-    )
-    run = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "inf_generation.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     adata = anndata.read_h5ad(out)

@@ -4,7 +4,6 @@ changes on disk) unless ``--overwrite``, and the metadata then describes the new
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import anndata
 import pytest
+from st3_runs import SEDD, job, run
 
 from sedd.cli import main
 from sedd.commands.st3_scripts import inference_conditional
@@ -59,24 +59,10 @@ def test_a_second_run_is_refused_unless_overwrite(tmp_path: Path) -> None:
     assert set(anndata.read_h5ad(out).obs["seed"]) == {2}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(SEDD=str(Path(sys.executable).parent / "sedd"), PYTHONWARNINGS="ignore", **extra)
-    return env
-
-
 def _job(exp: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     """st3's job script as a user runs it (without SLURM: every shard, then the merge)."""
-    env = _env(EXPERIMENT_DIR=str(exp), PRECISION="fp32", NUM_SAMPLES_PER_PERT="1", **extra)
-    return subprocess.run(
-        ["bash", str(ROOT / "scripts" / "inf_conditional.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    return job("inf_conditional.sh", EXPERIMENT_DIR=str(exp), PRECISION="fp32",
+               NUM_SAMPLES_PER_PERT="1", **extra)  # fmt: skip
 
 
 def _state(out: Path) -> tuple[str, str]:
@@ -110,12 +96,7 @@ def test_no_sequence_of_scripts_job_scripts_and_sedd_commands_replaces_a_result(
     ]
 
     # 1. the st3 script, then the job script (which slurm/inf_cond.sbatch runs): refused
-    assert (
-        subprocess.run(
-            [*script, "--num_steps", "2"], capture_output=True, cwd=ROOT, timeout=120, env=_env()
-        ).returncode
-        == 0
-    )
+    assert run([*script, "--num_steps", "2"]).returncode == 0
     _describes(out)
     before = _state(out)
     job = _job(exp, NUM_STEPS="3", NUM_SHARDS="2")
@@ -123,25 +104,8 @@ def test_no_sequence_of_scripts_job_scripts_and_sedd_commands_replaces_a_result(
     assert _state(out) == before and not (out.parent / "shards").exists()  # before sampling
 
     # 2. `sedd predict --out` and `sedd merge --out` onto the same file: refused
-    predict = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "sedd"),
-            "predict",
-            "--model",
-            str(exp),
-            "--steps",
-            "1",
-            "--precision",
-            "fp32",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env=_env(),
-    )
+    predict = run([str(SEDD), "predict", "--model", str(exp), "--steps", "1", "--precision",
+                   "fp32", "--out", str(out)])  # fmt: skip
     assert predict.returncode == 2 and "--overwrite" in predict.stderr
     assert _state(out) == before
 
@@ -153,33 +117,14 @@ def test_no_sequence_of_scripts_job_scripts_and_sedd_commands_replaces_a_result(
     merged = _state(out)
 
     # 4. then the st3 script, the job script again, and a merge by hand: all refused
-    assert (
-        subprocess.run(script, capture_output=True, cwd=ROOT, timeout=120, env=_env()).returncode
-        == 2
-    )
+    assert run(script).returncode == 2
     assert _job(exp, NUM_STEPS="3", NUM_SHARDS="2", SEED="4").returncode == 2
-    sedd_merge = subprocess.run(
-        [str(Path(sys.executable).parent / "sedd"), "merge", str(out.parent), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        env=_env(),
-    )
+    sedd_merge = run([str(SEDD), "merge", str(out.parent), "--out", str(out)])
     assert sedd_merge.returncode == 2 and "--overwrite" in sedd_merge.stderr
     assert _state(out) == merged
 
     # 5. the st3 script with --overwrite: one file, its metadata (the shard run's is gone)
-    assert (
-        subprocess.run(
-            [*script, "--num_steps", "5", "--overwrite"],
-            capture_output=True,
-            cwd=ROOT,
-            timeout=120,
-            env=_env(),
-        ).returncode
-        == 0
-    )
+    assert run([*script, "--num_steps", "5", "--overwrite"]).returncode == 0
     _describes(out)
     assert json.loads((out.parent / "generation_metadata.json").read_text()).get("status") is None
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_subprocess(*flags: str) -> Iterator[str]:
+    """A real ``sedd serve`` (uvicorn) in its own process, one thread, with ``flags``; its URL
+    once ``/readyz`` answers 200. Terminated on exit."""
+    port = free_port()
+    argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), *flags]
+    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+    try:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "sedd serve exited"
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def make_settings(model: Path, **overrides: Any) -> Settings:

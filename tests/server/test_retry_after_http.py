@@ -10,36 +10,23 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-from server_client import free_port
+from server_client import serve_subprocess
+
+FLAGS = ["--precision", "fp32", "--device", "cpu", "--max-rows-per-forward", "4",
+         "--max-rows-in-flight", "8", "--max-queued-jobs", "1",
+         "--log-level", "warning"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     """``sedd serve`` on the bundled model: 4 rows a step, 8 in flight, one request waiting."""
-    port = free_port()
-    argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
-            "--device", "cpu", "--max-rows-per-forward", "4", "--max-rows-in-flight", "8",
-            "--max-queued-jobs", "1", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "sedd serve exited"
-        try:
-            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    yield base
-    proc.terminate()
-    proc.wait(30)
+    with serve_subprocess(*FLAGS) as base:
+        yield base
 
 
 def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) -> None:
