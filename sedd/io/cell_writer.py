@@ -28,6 +28,7 @@ from sedd.io.write import (
     _obs_frame,
     _var_frame,
     _writable_uns,
+    write_failed,
 )
 
 _FLUSH_NNZ = 1 << 19  # counts buffered before one append (4 MiB of int32 data + indices)
@@ -161,12 +162,9 @@ class CellWriter:
         except Exception as exc:
             if self._sink.error is None:
                 raise
-            raise self._write_failed(self._sink.error) from exc
+            raise write_failed(self._sink.error, self.path) from exc
         if self._sink.error is not None:
-            raise self._write_failed(self._sink.error)
-
-    def _write_failed(self, err: OSError) -> OSError:
-        return OSError(err.errno, f"{err.strerror or err} while writing the cells", str(self.path))
+            raise write_failed(self._sink.error, self.path)
 
     def _ensure_space(self, needed: int) -> None:
         """Refuse (``OSError`` ENOSPC, naming the directory) to write ``needed`` bytes, plus

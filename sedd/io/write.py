@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anndata
+import h5py
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 import torch
+from anndata.io import write_elem
 
 from sedd.io.files import make_parents, temporary_name
+from sedd.io.guarded_file import GuardedFile
 from sedd.io.read import as_counts, require_unique
 
 CountDtype = Literal["int", "float32"]
@@ -91,16 +94,35 @@ def write_h5ad_atomic(
     *,
     compression: Literal["gzip", "lzf"] | None = "gzip",
 ) -> None:
-    """``adata.write_h5ad`` to a temporary name beside ``path``, then rename it into place."""
+    """``adata`` as ``.h5ad`` to a temporary name beside ``path``, then renamed into place.
+
+    HDF5 writes through a ``GuardedFile``: a write the OS refuses part-way (a full disk, a
+    file-size limit) is raised as ``OSError`` naming ``path`` and the temporary file is
+    removed, instead of HDF5 ending the process at its next step."""
     make_parents(path)
-    # a unique name in the same directory (os.replace must not cross filesystems); h5py creates
-    # it, so the file gets the usual umask permissions
+    # a unique name in the same directory (os.replace must not cross filesystems)
     tmp = temporary_name(path)
+    sink = GuardedFile(tmp)
     try:
-        adata.write_h5ad(tmp, compression=compression)
+        try:
+            with h5py.File(sink, "w") as file:
+                write_elem(file, "/", adata, dataset_kwargs={"compression": compression})
+        except Exception as exc:
+            if sink.error is None:
+                raise
+            raise write_failed(sink.error, path) from exc
+        sink.close()
+        if sink.error is not None:
+            raise write_failed(sink.error, path)
         os.replace(tmp, path)
     finally:
+        sink.close()
         tmp.unlink(missing_ok=True)
+
+
+def write_failed(err: OSError, path: Path) -> OSError:
+    """A write the OS refused, as the error to report: its cause, naming ``path``."""
+    return OSError(err.errno, f"{err.strerror or err} while writing the cells", str(path))
 
 
 def provenance_uns(

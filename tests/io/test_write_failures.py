@@ -13,10 +13,13 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anndata
+import numpy as np
 import pytest
 from checkpoint_files import ST3
 
 from sedd.cli import main
+from sedd.io.write import write_cells_h5ad
 
 TINY = str(ST3 / "tiny_mlm")
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,4 +144,48 @@ def test_a_directory_made_for_out_is_removed_when_the_write_fails(
 ) -> None:
     monkeypatch.setattr(os, "pwrite", _full_after(10_000))
     assert main(_generate(tmp_path / "new" / "cells.h5ad")) == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def _small_cells(path: Path) -> Path:
+    """``write_cells_h5ad`` (the server's .h5ad answers): 300 cells, about 60 kB."""
+    rng = np.random.default_rng(0)
+    genes = [f"g{i}" for i in range(50)]
+    return write_cells_h5ad(path, rng.integers(0, 9, (300, 50)), genes, {}, {"sedd": {}})
+
+
+def test_write_cells_h5ad_raises_a_disk_that_fills_mid_write_and_removes_the_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "cells.h5ad"
+    monkeypatch.setattr(os, "pwrite", _full_after(5_000))
+    with pytest.raises(OSError) as caught:
+        _small_cells(out)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(out)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    assert anndata.read_h5ad(_small_cells(out)).shape == (300, 50)  # the same call, with room
+
+
+def test_write_cells_h5ad_past_a_file_size_limit_raises_efbig_instead_of_crashing(
+    tmp_path: Path,
+) -> None:
+    """Without the guard, HDF5 meets the refused write itself and the process can die (139)."""
+    out = tmp_path / "cells.h5ad"
+    code = (
+        "import errno, pathlib, resource, signal, numpy as np\n"
+        "from sedd.io.write import write_cells_h5ad\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (8_000, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    write_cells_h5ad(\n"
+        f"        pathlib.Path({str(out)!r}), np.random.default_rng(0).integers(0, 9, (300, 50)),\n"
+        "        [f'g{i}' for i in range(50)], {}, {'sedd': {}})\n"
+        "except OSError as err:\n"
+        "    print('errno', errno.errorcode[err.errno], err.filename)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert done.stdout.strip() == f"errno EFBIG {out}"
     assert list(tmp_path.iterdir()) == []
