@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "bench",
     "checkpoints",
     "evaluate",
+    "quality",
     "train",
     "serve",
     "precision_report",

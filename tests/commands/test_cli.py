@@ -12,7 +12,7 @@ import pytest
 from sedd.cli import _parse, build_parser
 
 COMMANDS = ["generate", "predict", "impute", "merge", "bench", "info", "convert", "evaluate",
-            "train", "serve", "precision-report"]  # fmt: skip
+            "quality", "train", "serve", "precision-report"]  # fmt: skip
 
 
 def _imported(argv: list[str]) -> set[str]:
