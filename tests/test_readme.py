@@ -128,7 +128,7 @@ def test_the_k562_memory_figures_count_its_1725_tokens_and_add_up() -> None:
     row = r"([\d]+) MiB a row at the K562 shape \(([\d,]+) genes × ([\d,]+) tokens\)"
     [(mib, genes, tokens)] = re.findall(row, PROSE)
     assert (int(genes.replace(",", "")), int(tokens.replace(",", ""))) == (K562_GENES, K562_TOKENS)
-    assert int(mib) == 330  # 23.4 B a gene x token: under the 28 B the block size plans with
+    assert int(mib) == 237  # 16.8 B a gene x token: under the 18 B the block size plans with
     [planned] = re.findall(r"planned at (\d+) bytes per gene × token", PROSE)
     assert int(planned) == STEP_BYTES_PER_TOKEN
     assert int(mib) * 2**20 < K562_GENES * K562_TOKENS * STEP_BYTES_PER_TOKEN

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sedd.diffusion.categorical import sample_categorical, temper
+from sedd.diffusion.categorical import chunk_sums, sample_categorical, temper
 from sedd.diffusion.cuda_graphs import GraphedSteps
 from sedd.diffusion.graph import Graph, one_hot
 from sedd.diffusion.noise import Noise
@@ -273,15 +273,17 @@ class Sampler:
         out = self.precision.block_scores(  # (b, L, V) fp32
             self.model, x, sigma_t.float(), rows.labels, rows.cell_types, amp=amp
         )
-        # a NaN/Inf anywhere in a position's output makes its sum non-finite: one pass, not V
-        nonfinite = (~torch.isfinite(out.sum(dim=-1)) & active).any(dim=-1)  # (b,)
         final = rows.s <= 0  # (b,)
         sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
-        stay = None  # under the absorbing graph, the weight of staying masked, apart
+        stay = sums = None  # under the absorbing graph: the weight of staying masked, apart
         if self.graph.absorb:  # only masked positions change: the transition out of the mask
-            probs, stay = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
+            probs, stay, sums = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
+            # NaN/+Inf in the output reaches its jumps' sums or its stay: no pass over (b, L, V)
+            finite = torch.isfinite(sums.sum(dim=-1) + stay)
         else:
+            finite = torch.isfinite(out.sum(dim=-1))  # a NaN/Inf anywhere makes it non-finite
             probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
+        nonfinite = (~finite & active).any(dim=-1)  # (b,)
         if plan.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
             # the token a position stays on: under the absorbing graph, the mask (its column is
@@ -293,6 +295,7 @@ class Sampler:
         drawn = sample_categorical(
             probs.flatten(0, 1), uniforms.flatten(), nonnegative=self.graph.absorb,
             stay=None if stay is None else stay.flatten(),
+            sums=None if sums is None or plan.any_tempered else sums.flatten(0, 1),  # T != 1: anew
         ).view_as(x)  # fmt: skip
         if self.denoise_mode == "argmax" and plan.any_final:
             # a final row's stay is 0: the argmax is over the real tokens (the mask column is 0)
@@ -318,9 +321,11 @@ class Sampler:
         sigma_s: torch.Tensor,
         rows: StepRows,
         final: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Unnormalised p(x_s = y | x_t = mask) at every position: the jumps (b, L, V) fp32 with
-        the mask's column 0, and the stay p(mask) (b, L) fp32 apart. Overwrites ``out``.
+        the mask's column 0, the stay p(mask) (b, L) fp32 apart, and the jumps' chunk sums
+        (b, L, C) (``chunk_sums``: the draw's first level, and what they moved, from one pass;
+        non-finite where the output was). Overwrites ``out``.
 
         Under the absorbing graph only masked positions can change (the others are kept by
         ``torch.where`` in the step), so only the transition out of the mask is needed. Both
@@ -355,9 +360,10 @@ class Sampler:
             jumps.mul_(c.float()[:, None, None]).index_fill_(-1, column, 0.0)
         # the stay is the only entry that can be negative: clamped here, on (b, L), so the draw
         # skips a pass over (b, L, V) (it counts negatives as 0: the same numbers)
-        moved = jumps[..., :mask].sum(dim=-1)  # (b, L)
+        sums = chunk_sums(jumps.flatten(0, 1)).view(*jumps.shape[:2], -1)  # (b, L, C)
+        moved = sums.sum(dim=-1)  # (b, L): the mask's column is 0
         stay = torch.where(final[:, None], 0.0, own - moved).clamp_min(0)  # (b, L)
-        return jumps, stay
+        return jumps, stay, sums
 
     def _transition_probs(
         self,

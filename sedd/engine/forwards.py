@@ -47,10 +47,11 @@ def model_sampler(
     )  # fmt: skip
 
 
-# A block step's peak device memory per row, per gene x vocabulary token: measured 23.4 B at the
-# K562 shape and 27.9 B at 2,000 genes with its vocabulary (the model's activations weigh more
-# there) on the emulated lane's meta backing (tests/engine/test_block_memory.py); the larger.
-STEP_BYTES_PER_TOKEN = 28
+# A block step's peak device memory per row, per gene x vocabulary token: measured 16.8 B at the
+# K562 shape and 17.0 B at 2,000 genes with its vocabulary on the emulated lane's meta backing
+# (tests/engine/test_block_memory.py), with the two-level fp64 draw (no fp64 CDF over the whole
+# vocabulary: 23.4 and 27.9 B before); the larger, rounded up.
+STEP_BYTES_PER_TOKEN = 18
 FREE_MEMORY_SHARE = 0.8  # of the free memory, for one block step; the rest for the allocator
 
 

@@ -50,10 +50,12 @@ def test_gemm_and_attention_flops_are_exact_on_a_tiny_model():
     assert r.bytes["attention"] == shape.layers * 4 * tokens * h * 4
 
 
-def test_the_k562_sampler_tail_moves_less_than_before_and_the_step_peaks_lower():
+def test_the_k562_sampler_tail_moves_at_most_half_of_before_and_the_step_peaks_lower():
     r = block_step_roofline(Shape(), "bf16")
-    assert r.bytes["sampler tail"] < 0.9 * K562_TAIL_BYTES_BEFORE  # 13.20 GB
-    assert r.peak_bytes < 0.7 * K562_PEAK_BYTES_BEFORE  # 3.32 GiB
+    # 7.27 GB: the two-level fp64 draw writes no (rows, genes, vocabulary) fp64 tensor, and the
+    # stay and the non-finite check come from the draw's chunk sums
+    assert r.bytes["sampler tail"] <= 0.5 * K562_TAIL_BYTES_BEFORE
+    assert r.peak_bytes < 0.45 * K562_PEAK_BYTES_BEFORE  # 1.93 GiB
     # the step's peak stays under what the block size plans with (sedd.engine.forwards)
     from sedd.engine.forwards import step_bytes
 

@@ -20,12 +20,12 @@ K562_GENES, K562_VOCAB = 8563, 1725
 
 
 def test_rows_that_fit_follow_free_memory_and_the_vocabulary():
-    assert step_bytes(1, K562_GENES, K562_VOCAB) / 2**20 == pytest.approx(394.4, abs=0.1)
-    assert rows_that_fit(K562_GENES, K562_VOCAB, 80 << 30) == 166  # an idle H100: 15 by tokens
-    assert rows_that_fit(K562_GENES, K562_VOCAB, 2 << 30) == 4
+    assert step_bytes(1, K562_GENES, K562_VOCAB) / 2**20 == pytest.approx(253.6, abs=0.1)
+    assert rows_that_fit(K562_GENES, K562_VOCAB, 80 << 30) == 258  # an idle H100: 15 by tokens
+    assert rows_that_fit(K562_GENES, K562_VOCAB, 2 << 30) == 6
     assert rows_that_fit(K562_GENES, K562_VOCAB, 1 << 20) == 1  # never 0
-    # fewer bins, more rows: 0.8 x 2 GiB / (8,563 x 261 x 28 B) = 27.45
-    assert rows_that_fit(K562_GENES, 261, 2 << 30) == 27
+    # fewer bins, more rows: 0.8 x 2 GiB / (8,563 x 261 x 18 B) = 42.7
+    assert rows_that_fit(K562_GENES, 261, 2 << 30) == 42
 
 
 @pytest.mark.skipif(EMULATED, reason="measures on a meta-backed emulation of its own")
