@@ -13,12 +13,13 @@ would, where that is observable from the host:
 * **memory is counted** per device, like the caching allocator's ``memory_allocated``: a storage
   counts from its first tensor until its last one dies; past the device's memory an allocation
   raises ``torch.OutOfMemoryError``;
-* **graph capture** (``sedd.cuda_emulation.graphs``): ops of the capturing thread are recorded
-  for replay; a sync while capturing raises as CUDA does.
+* **graph capture** (``sedd.cuda_emulation.graphs``): the capturing thread's ops are recorded for
+  replay; a sync while capturing raises as CUDA does. Views follow inference mode as on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import traceback
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from sedd.cuda_emulation.tensor import EmulatedCudaTensor, unwrap_all, wrap_all
 
@@ -291,7 +292,7 @@ class Emulator:
         if packet is aten.scaled_dot_product_attention:
             self.attention.append(flash_eligibility(*args, **kwargs))
         out = self._run_backing(func, args, kwargs)
-        wrapped = self._wrap_outputs(func, kwargs, out, index)
+        wrapped = self._wrap_outputs(func, args, out, index)
         if self.capture is not None and self.capture.thread == thread:
             self.capture.record(self, func, args, kwargs, wrapped)
         for observer in self.observers:
@@ -386,14 +387,13 @@ class Emulator:
         to_meta = lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t  # noqa: E731
         if packet is aten.copy_ and uargs[0].device.type == "cpu":
             return uargs[0]  # a device-to-host copy of no values
-        from torch.utils._pytree import tree_map
-
         return func(*tree_map(to_meta, uargs), **tree_map(to_meta, ukwargs))
 
-    def _wrap_outputs(self, func: Any, kwargs: dict, out: Any, index: int | None) -> Any:
-        if index is None:  # a copy to the host: a plain tensor
-            return out
-        if func.overloadpacket is aten.copy_:
-            return out  # return_and_correct_aliasing returns the destination itself
-        return wrap_all(out, index, self.wrap)
+    def _wrap_outputs(self, func: Any, args: tuple, out: Any, index: int | None) -> Any:
+        if index is None or func.overloadpacket is aten.copy_:
+            return out  # a copy to the host: a plain tensor; copy_: its destination, already
+        # a view of a tensor made outside inference mode is a normal tensor, as on a GPU (DDiT)
+        normal = func.is_view and isinstance(args[0], torch.Tensor) and not args[0].is_inference()
+        with torch.inference_mode(False) if normal else contextlib.nullcontext():
+            return wrap_all(out, index, self.wrap)
 

@@ -52,6 +52,24 @@ def test_a_device_mix_raises_as_on_a_gpu(emu: Emulator):
     assert torch.equal((on_gpu + torch.tensor(2.0)).cpu(), torch.full((3,), 3.0))  # 0-dim: fine
 
 
+def test_views_follow_inference_mode_as_on_a_gpu(emu: Emulator):
+    """A view made under inference mode of a tensor made outside it is a normal tensor (DDiT's
+    forward indexes its input so); anything else made under inference mode is an inference
+    tensor, and writing into one outside it raises as on a GPU."""
+    x = torch.arange(6, device="cuda")
+    with torch.inference_mode():
+        view = x[..., None]
+        made = x * 2
+        view_of_made = made[1:]
+    assert not view.is_inference() and view.shape == (6, 1)
+    assert torch.equal(view.cpu()[:, 0], torch.arange(6))
+    x[0] = 9  # the view shares the data
+    assert int(view[0, 0].cpu()) == 9
+    assert made.is_inference() and view_of_made.is_inference()
+    with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+        made.add_(1)
+
+
 def test_the_real_cuda_autocast_policy_applies(emu: Emulator):
     layer = torch.nn.Linear(8, 4).to("cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -105,6 +105,21 @@ def test_generate_on_cuda_equals_the_cpu_with_one_sync_a_tick(graphs: bool, emul
         assert sampler.graphs.captures == captured  # kept per loaded model (bug 9)
 
 
+@pytest.mark.parametrize("graph", ["uniform", "absorb"])
+def test_reference_sedd_models_on_cuda_equal_the_cpu(graph: str):
+    """The reference SEDD (DDiT) forward indexes its input under inference mode; on a GPU that
+    view is a normal tensor, and the lane must run it so (it raised before)."""
+    path = Path(__file__).parents[1] / "data" / "sedd_reference" / graph / "hf"
+    request = dict(num_cells=3, steps=4, seed=3, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reference models have positional genes
+        cpu = sedd.load(path, device="cpu", precision="fp32").generate(**request)
+        for graphs in (False, True):
+            model = sedd.load(path, device="cuda", precision="fp32", cuda_graphs=graphs)
+            cells = model.generate(**request)  # type: ignore[arg-type]
+            assert (cells.X != cpu.X).nnz == 0  # bit for bit
+
+
 @pytest.mark.parametrize("flag", ["--no-cuda-graphs", "--cuda-graphs"])
 def test_sedd_generate_on_cuda_writes_the_cpus_cells(tmp_path: Path, flag: str):
     def run(device: str, *extra: str) -> np.ndarray:
