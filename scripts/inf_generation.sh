@@ -8,7 +8,8 @@
 #   CONFIG           st3 YAML (inference.num_generate, reference_data, output_path, ...)  --config
 #   CHECKPOINT       checkpoint file, as given (st3: from the cwd)          --checkpoint
 #   REFERENCE_DATA   h5ad whose var_names name the genes                    --reference_data
-#   OUTPUT_PATH      the h5ad to write (default $OUTPUT_DIR/generated_cells.h5ad) --output_path
+#   OUTPUT_PATH      the h5ad to write (default: CONFIG's inference.output_path, else
+#                    $OUTPUT_DIR/generated_cells.h5ad)                       --output_path
 #   NUM_GENERATE     cells to generate (default 100, st3's)                 --num_generate
 #   NUM_STEPS        reverse diffusion steps (default 100, st3's)           --num_steps
 #   TEMPERATURE      sampling temperature (default 1.0)                     --temperature
@@ -31,6 +32,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/sharded_run.sh"
 
 require_experiment_dir slurm/inf_gen.sbatch
 OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference}
+if [[ -z ${OUTPUT_PATH:-} && -n ${CONFIG:-} ]]; then  # st3's inference.output_path in CONFIG
+  OUTPUT_PATH=$("$(sedd_python)" -m sedd.commands.st3_flags "$CONFIG" inference.output_path)
+fi
 if [[ -n ${OUTPUT_PATH:-} ]]; then  # the shards go beside the file they merge into
   OUTPUT_DIR=$(dirname "$OUTPUT_PATH")
   MERGED_FILE=$OUTPUT_PATH

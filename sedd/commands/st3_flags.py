@@ -20,6 +20,7 @@ nor ``--perturbations`` for ``--perturbations_file``.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,19 +256,7 @@ def read_st3_config(
 
     A value of the wrong type is a ``ConfigError`` naming the file, the key and the value; a
     null value counts as unset (the script's default applies)."""
-    import yaml  # only st3 configs need it
-
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config {path}: file not found (st3 refuses it too); fix the path.")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigError(f"--config {path}: not valid YAML ({first}).") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected sections data/inference/other, got "
-                          f"{type(data).__name__}.")  # fmt: skip
+    data = _load_yaml(path)
     actions = {a.dest: a for a in parser._actions}
     defaults: dict[str, Any] = {}
     for f in flags_for(script):
@@ -284,6 +273,24 @@ def read_st3_config(
         else:
             unused.append(f"{section} (section)")
     return defaults, unused
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    """The st3 YAML at ``path``; ``ConfigError`` when it is missing, not YAML or not sections."""
+    import yaml  # only st3 configs need it
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--config {path}: file not found (st3 refuses it too); fix the path.")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise ConfigError(f"--config {path}: not valid YAML ({first}).") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected sections data/inference/other, got "
+                          f"{type(data).__name__}.")  # fmt: skip
+    return data
 
 
 def _typed(value: Any, action: argparse.Action, where: str) -> Any:
@@ -311,3 +318,20 @@ def notes_for(script: Script, given: set[str]) -> list[str]:
         for f in flags_for(script)
         if f.noted and f.dest in given
     ]
+
+
+def yaml_value(path: str, section: str, key: str) -> str:
+    """``section.key`` of the st3 YAML at ``path`` as text, "" when unset (what a job script
+    needs before it runs the script: generation's ``inference.output_path`` names the file the
+    shards merge into)."""
+    body = _load_yaml(path).get(section)
+    value = body.get(key) if isinstance(body, dict) else None
+    return "" if value is None else str(value)
+
+
+if __name__ == "__main__":  # python -m sedd.commands.st3_flags CONFIG SECTION.KEY (job scripts)
+    try:
+        print(yaml_value(sys.argv[1], *sys.argv[2].split(".", 1)))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

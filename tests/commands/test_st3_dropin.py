@@ -367,3 +367,18 @@ def test_an_output_path_that_is_not_h5ad_is_refused_before_loading(tmp_path: Pat
     with pytest.raises(ValueError, match=r"--output_path .*cells.csv.*\.h5ad"):
         inference_generation(["--experiment_dir", str(exp), "--output_path", str(out)])
     assert not out.exists()
+
+
+def test_a_sharded_generation_job_merges_into_the_yamls_output_path(tmp_path: Path) -> None:
+    """st3 reads inference.output_path from CONFIG; with shards the job script merges there
+    too (it used to merge into $OUTPUT_DIR/generated_cells.h5ad when only the YAML named it)."""
+    exp = _experiment("tiny_mlm", tmp_path)
+    out = tmp_path / "from_yaml" / "cells.h5ad"
+    config = _yaml(tmp_path / "c.yaml", {"inference": {"num_generate": 4, "output_path": str(out)}})
+    run = job("inf_generation.sh", EXPERIMENT_DIR=str(exp), CONFIG=str(config), NUM_STEPS="2",
+              PRECISION="fp32", NUM_SHARDS="2")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert anndata.read_h5ad(out).n_obs == 4
+    assert not (exp / "inference" / "generated_cells.h5ad").exists()
+    missing = job("inf_generation.sh", EXPERIMENT_DIR=str(exp), CONFIG=str(tmp_path / "no.yaml"))
+    assert missing.returncode == 2 and "no.yaml: file not found" in missing.stderr
