@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from types import SimpleNamespace
 
@@ -63,14 +64,23 @@ def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
 
 
 def test_resident_memory_grows_with_a_64_mib_tensor() -> None:
+    """RSS is the whole process's: in a long session a thread left by an earlier test can free
+    memory between the two snapshots (it failed once so), so the growth is measured up to three
+    times, each time after a garbage collection."""
     monitor = Monitor("cpu").start()
-    before = monitor.snapshot()
-    block = torch.ones(16 * 2**20, dtype=torch.float32)  # 64 MiB, written so it is resident
-    after = monitor.snapshot()
-    assert after.memory_kind == "process_rss"
-    assert after.memory_current_mib - before.memory_current_mib > 56
-    assert after.process_peak_rss_mib >= after.memory_current_mib - 1
-    assert float(block[-1]) == 1.0
+    growth = []
+    for _ in range(3):
+        gc.collect()
+        before = monitor.snapshot()
+        block = torch.ones(16 * 2**20, dtype=torch.float32)  # 64 MiB, written so it is resident
+        after = monitor.snapshot()
+        assert after.memory_kind == "process_rss" and float(block[-1]) == 1.0
+        assert after.process_peak_rss_mib >= after.memory_current_mib - 1
+        growth.append(after.memory_current_mib - before.memory_current_mib)
+        del block
+        if growth[-1] > 56:
+            break
+    assert max(growth) > 56, growth
 
 
 def test_no_gpu_fields_without_cuda_and_nvml() -> None:
