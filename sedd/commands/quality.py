@@ -128,12 +128,14 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_MISSING_EXTRA
     from rich.console import Console
 
-    from sedd.api import load
+    from sedd.api import Model
     from sedd.commands.args import show_progress
+    from sedd.commands.loading import load_from_args
     from sedd.commands.quality_tables import report_tables
     from sedd.eval.markers import default_marker_sets
     from sedd.eval.quality_plots import write_quality_plots
     from sedd.eval.quality_report import quality_report
+    from sedd.precision import resolve_precision
 
     for flag, value in (("--seeds", args.seeds), ("--max-cells", args.max_cells)):
         if value is not None and value < 1:
@@ -145,16 +147,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_cells is not None and args.max_cells < test_cells.n_obs:
         test_cells = _subset(test_cells, args.max_cells, args.seed)
     console = Console(width=max(Console().width, 160))
-    model = load(
-        args.model,
-        device=args.device,
-        precision=args.precision,
-        genes=args.genes,
-        perturbations=args.perturbation_map,
-        vectors=args.vectors,
-        checkpoint=args.checkpoint,
-        use_ema=not args.raw_weights,
-    )
+    loaded = load_from_args(args)  # as sedd generate loads --model and its side files
+    model = Model(loaded, resolve_precision(args.precision, loaded.device))
     genes = model.genes
     labels = sorted(set(real.obs[args.condition_key].dropna().astype(str)))
     markers = check_marker_sets(requested, labels, genes) or default_marker_sets(labels, genes)
