@@ -208,7 +208,7 @@ def oracle(positions: int, tokens: int, coupling: float, cells: int) -> None:
 
     from sedd.diffusion.graph import AbsorbingGraph
     from sedd.diffusion.noise import LogLinearNoise
-    from sedd.engine.samplers import AnalyticSampler, EulerSampler
+    from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
     from sedd.eval.exact import ExactModel, potts_distribution, state_index
 
     joint = potts_distribution(positions, tokens, coupling)

@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from sedd.engine import JobCancelled, JobHandle, JobProgress, JobResult
+from sedd.engine import JobCancelled, JobHandle, JobResult, StepProgress
 from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan
 from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError, Overloaded
@@ -42,7 +42,7 @@ COST_MARGIN = 1.5
 def submit(
     service: Service,
     planned: PlannedJob,
-    on_progress: Callable[[JobProgress], None] | None = None,
+    on_progress: Callable[[StepProgress], None] | None = None,
 ) -> JobHandle:
     """Queue the job; raises the engine's EngineFull / EngineStopped / ValueError, or a
     FieldError (422) for a request that cannot finish before its deadline even alone."""
@@ -209,9 +209,9 @@ async def stream_job(
     then ``result`` (the same body as the JSON route) or ``error`` ({status, detail}).
     """
     loop = asyncio.get_running_loop()
-    progress: asyncio.Queue[JobProgress] = asyncio.Queue()
+    progress: asyncio.Queue[StepProgress] = asyncio.Queue()
 
-    def on_progress(update: JobProgress) -> None:  # engine thread
+    def on_progress(update: StepProgress) -> None:  # engine thread
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
             loop.call_soon_threadsafe(progress.put_nowait, update)
 
@@ -247,7 +247,7 @@ async def stream_job(
     return handle, events()
 
 
-def _progress_dict(update: JobProgress) -> dict[str, Any]:
+def _progress_dict(update: StepProgress) -> dict[str, Any]:
     return {
         "step": int(update.step),
         "steps": int(update.steps),

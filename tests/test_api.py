@@ -21,8 +21,8 @@ import sedd
 from sedd.batch.run import run_plan
 from sedd.cli import main as sedd_main
 from sedd.diffusion.sampling import Sampler
+from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine import Engine
-from sedd.engine.samplers import EulerSampler
 from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio
@@ -194,7 +194,7 @@ def test_bundled_model_api_equals_sedd_generate(tmp_path: Path) -> None:
 def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
     assert dir(sedd) == ["Model", "SamplingOptions", "__version__", "load"]
     import sedd.batch.run as run
-    from sedd.engine import JobProgress
+    from sedd.engine import StepProgress
 
     class Bar:  # tqdm's interface as progress_bar uses it
         def __init__(self, total: int, **_: object) -> None:
@@ -214,7 +214,7 @@ def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
     monkeypatch.setattr(run, "tqdm", lambda **kw: bars.append(Bar(**kw)) or bars[-1])
     with run.progress_bar(3, 4, "sampling") as hook:  # 3 cells x 5 moves each
         for rows in (2, 2, 2, 3, 3, 3):
-            hook(JobProgress(step=1, steps=5, rows=rows, fraction_masked=0.5))
+            hook(StepProgress(step=1, steps=5, rows=rows, fraction_masked=0.5))
     assert bars[0].total == 3 and bars[0].shown == [1, 2, 3]  # whole cells, never a fraction
     monkeypatch.setattr("sys.stderr", io.StringIO())  # a script logging to a file: no bar
     assert run.interactive() is False

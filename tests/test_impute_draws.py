@@ -21,7 +21,7 @@ import sedd
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.cli import main as sedd_main
-from sedd.engine.samplers import EulerSampler
+from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import imputation_from_anndata
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan

@@ -27,9 +27,9 @@ from sedd.diffusion.sampling import Sampler, block_rows_for
 from sedd.engine import (
     Engine,
     EngineJob,
-    JobLimits,
-    JobProgress,
     JobResult,
+    ModelLimits,
+    StepProgress,
     model_sampler,
     run_jobs,
 )
@@ -64,7 +64,7 @@ def run_plan(
 ) -> GenerationResult:
     """Generate the cells of ``plan`` (or only those in ``cell_range``, for sharding).
 
-    ``on_progress`` is called after every engine step with the batch's ``JobProgress``;
+    ``on_progress`` is called after every engine step with the batch's ``StepProgress``;
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
     e.g. to save it before the next one finishes; with ``n_samples`` > 1 it sees the first draw,
     and ``on_mean(cells, mean)`` the batch's (B, G) float32 mean over every draw, after its
@@ -95,7 +95,7 @@ def run_plan(
     monitor = Monitor(loaded.device, num_genes)
     engine = Engine(
         sampler,
-        JobLimits.of_model(loaded),
+        ModelLimits.of_model(loaded),
         max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
         observer=monitor,
     )
@@ -184,7 +184,7 @@ def progress_bar(num_cells: int, steps: int, desc: str) -> Iterator[ProgressHook
     done = 0
     with tqdm(total=num_cells, unit="cell", desc=desc) as bar:
 
-        def hook(update: JobProgress) -> None:
+        def hook(update: StepProgress) -> None:
             nonlocal done
             done += update.rows
             whole = min(done // moves, num_cells)

@@ -34,7 +34,7 @@ from sedd.batch.manifest import (
 from sedd.batch.run import run_plan
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
-from sedd.engine import JobProgress
+from sedd.engine import StepProgress
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
 from sedd.precision import PrecisionPolicy
@@ -96,7 +96,7 @@ class ShardJob:
     def cells_to_generate(self) -> int:
         return 0 if self.done_entry is not None else sum(len(gap) for gap in self.gaps())
 
-    def run(self, on_progress: Callable[[JobProgress], None] | None = None) -> dict[str, Any]:
+    def run(self, on_progress: Callable[[StepProgress], None] | None = None) -> dict[str, Any]:
         """Generate the missing cells, write the shard h5ad and its entry; return the entry."""
         if self.done_entry is not None:
             return self.done_entry

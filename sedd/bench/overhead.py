@@ -33,7 +33,7 @@ from torch import nn
 from sedd.diffusion.graph import AbsorbingGraph, Graph
 from sedd.diffusion.noise import LogLinearNoise, Noise
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, EngineJob, JobLimits
+from sedd.engine import Engine, EngineJob, ModelLimits
 from sedd.models.st3 import SEDDTransformer
 from sedd.precision import PrecisionPolicy
 
@@ -145,7 +145,7 @@ def measure(
         block_rows=block,
         **sampler_options,  # type: ignore[arg-type]
     )
-    limits = JobLimits.of_module(model, num_genes)
+    limits = ModelLimits.of_module(model, num_genes)
     figures = []
     for rows in rows_in_flight:
         engine = Engine(sampler, limits, max_rows_per_forward=rows)

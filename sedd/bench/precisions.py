@@ -22,7 +22,7 @@ import torch
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, EngineJob, JobLimits, JobResult
+from sedd.engine import Engine, EngineJob, JobResult, ModelLimits
 from sedd.engine.monitor import PeakMemory
 from sedd.engine.offline import run_job
 from sedd.models.st3 import SEDDTransformer
@@ -83,7 +83,7 @@ class _ForwardCounter:
 def _timed_sample(sampler: Sampler, case: BenchCase, seed: int) -> tuple[float, int, float]:
     """One batch of ``case.batch`` cells through the engine: (seconds, forwards, peak MiB)."""
     counter = _ForwardCounter()
-    limits = JobLimits.of_module(sampler.model, case.genes)
+    limits = ModelLimits.of_module(sampler.model, case.genes)
     engine = Engine(sampler, limits, max_rows_per_forward=case.batch, observer=counter)
     with PeakMemory(sampler.device) as peak:
         start = time.perf_counter()

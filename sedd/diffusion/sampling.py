@@ -1,9 +1,9 @@
 """The reverse step: transition probabilities, fp64 draws, the final denoise. No loop here.
 
 A ``Sampler`` holds the model, noise schedule, graph and precision policy; it keeps no per-request
-state, so one instance serves any number of requests. The loop over time (``time_grid``) is the
-batching engine's (``sedd.engine``): every path that samples cells submits jobs to it, and
-``sedd.engine.samplers`` keeps st3's ``EulerSampler(...).sample(...)`` as a thin call into it.
+state, so one instance serves any number of requests. The loop over time (``time_grid``) is
+``sedd.diffusion.reference`` for one request (st3's samplers run it) and the batching engine's
+(``sedd.engine``) for many: every product path runs the engine, whose cells equal the reference's.
 
 Randomness is counter-based (``sedd.diffusion.randomness``): the uniform that row b draws at gene g
 is Philox of (seed, cell, step, g), so a cell's draws depend on nothing but (seed, cell index), and

@@ -32,6 +32,8 @@ settled after one small readback a tick.
   A progress hook's ``Exception`` is logged, never raised; a ``BaseException`` (a kill) is not.
 """
 
+from sedd.diffusion.inputs import ModelLimits
+from sedd.diffusion.reference import StepProgress
 from sedd.engine.core import Engine
 from sedd.engine.forwards import model_sampler
 from sedd.engine.jobs import (
@@ -42,8 +44,6 @@ from sedd.engine.jobs import (
     InvalidTokensError,
     JobCancelled,
     JobHandle,
-    JobLimits,
-    JobProgress,
     JobResult,
     JobTimeout,
     is_out_of_memory,
@@ -59,10 +59,10 @@ __all__ = [
     "InvalidTokensError",
     "JobCancelled",
     "JobHandle",
-    "JobLimits",
-    "JobProgress",
     "JobResult",
     "JobTimeout",
+    "ModelLimits",
+    "StepProgress",
     "is_out_of_memory",
     "model_sampler",
     "run_job",

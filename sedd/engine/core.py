@@ -27,6 +27,8 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 from sedd.checkpoints import LoadedModel
+from sedd.diffusion.inputs import ModelLimits
+from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import Sampler
 from sedd.engine.admission import Work, Workload
 from sedd.engine.forwards import model_sampler
@@ -38,8 +40,6 @@ from sedd.engine.jobs import (
     InvalidTokensError,
     JobCancelled,
     JobHandle,
-    JobLimits,
-    JobProgress,
     JobResult,
     JobTimeout,
     outcome_of,
@@ -57,7 +57,7 @@ class Engine:
     """Continuous-batching sampler over one score model (see the module docstring).
 
     ``Engine.for_model(loaded, precision)`` serves a loaded checkpoint; the constructor takes a
-    ``Sampler`` (the step maths) and the ``JobLimits`` jobs are checked against.
+    ``Sampler`` (the step maths) and the ``ModelLimits`` jobs are checked against.
 
     A tick steps at most ``max_rows_per_forward`` rows; jobs start while fewer than
     ``max_rows_in_flight`` rows (default: one tick's) are in flight, ``max_queued_jobs`` wait.
@@ -79,12 +79,12 @@ class Engine:
         sampler = model_sampler(
             loaded, precision, tokens_per_forward=tokens_per_forward, cuda_graphs=cuda_graphs
         )
-        return cls(sampler, JobLimits.of_model(loaded), **options)
+        return cls(sampler, ModelLimits.of_model(loaded), **options)
 
     def __init__(
         self,
         sampler: Sampler,
-        limits: JobLimits,
+        limits: ModelLimits,
         *,
         max_rows_per_forward: int = 256,
         max_queued_jobs: int = 64,
@@ -115,7 +115,7 @@ class Engine:
         self._stepper = Stepper(sampler, self._finish, self._observe)
 
     def submit(
-        self, job: EngineJob, on_progress: Callable[[JobProgress], None] | None = None
+        self, job: EngineJob, on_progress: Callable[[StepProgress], None] | None = None
     ) -> JobHandle:
         """Queue ``job``. Raises ValueError (naming the field), EngineFull or EngineStopped.
 

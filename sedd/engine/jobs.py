@@ -2,13 +2,12 @@
 
 An ``EngineJob`` is one request's rows resolved to tensors (``sedd.request.plan.Plan.job``
 builds them from a planned request: cell i on random stream (seed, i),
-``sedd.diffusion.randomness``); ``validate_job`` checks one against the model's ``JobLimits``
+``sedd.diffusion.randomness``); ``validate_job`` checks one against the model's ``ModelLimits``
 before it is queued.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -16,10 +15,9 @@ from typing import Literal, Protocol
 
 import torch
 
-from sedd.checkpoints import LoadedModel
-from sedd.defaults import TIME_GRIDS, TimeGrid
+from sedd.defaults import TimeGrid
 from sedd.diffusion.graph import Graph
-from sedd.diffusion.randomness import MAX_CELLS, MAX_SEED, MAX_STEPS
+from sedd.diffusion.inputs import ModelLimits, check_inputs
 from sedd.diffusion.sampling import Predictor
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
@@ -52,14 +50,6 @@ class EngineJob:
     def total_steps(self) -> int:
         """Steps every row takes, the final denoise included."""
         return self.steps + (1 if self.denoise else 0)
-
-
-@dataclass
-class JobProgress:
-    step: int  # steps done by every row of the job; the final denoise is step == steps
-    steps: int  # total, the denoise included
-    rows: int  # the job's rows this step moved
-    fraction_masked: float  # of all the job's positions (0 for uniform graphs)
 
 
 @dataclass
@@ -126,37 +116,6 @@ class JobHandle:
         self._wake()
 
 
-@dataclass(frozen=True)
-class JobLimits:
-    """What ``validate_job`` checks a job against. ``None``: not known, so not checked (a bare
-    score module sampled through ``sedd.engine.samplers``)."""
-
-    num_genes: int | None
-    num_perturbations: int | None = None  # 0: unconditional
-    label_dim: int | None = None  # length of precomputed perturbation vectors, if taken
-    num_cell_types: int | None = None
-
-    @classmethod
-    def of_model(cls, loaded: LoadedModel) -> JobLimits:
-        cfg = loaded.config
-        return cls(
-            num_genes=cfg.num_genes,
-            num_perturbations=cfg.num_perturbations,
-            label_dim=getattr(cfg.arch, "precomputed_emb_dim", None),
-            num_cell_types=cfg.num_cell_types,
-        )
-
-    @classmethod
-    def of_module(cls, model: object, num_genes: int | None = None) -> JobLimits:
-        """Limits read from a module's attributes (st3's modules carry them), where present."""
-        return cls(
-            num_genes=num_genes if num_genes is not None else getattr(model, "num_genes", None),
-            num_perturbations=getattr(model, "num_perturbations", None),
-            label_dim=getattr(model, "precomputed_emb_dim", None),
-            num_cell_types=getattr(model, "num_cell_types", None),
-        )
-
-
 class BlockOutOfMemoryError(torch.OutOfMemoryError):
     """Out of device memory in a block step, with the setting that lowers it."""
 
@@ -166,83 +125,12 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError)
 
 
-def _bad(name: str, rule: str, value: object) -> ValueError:
-    return ValueError(f"`{name}` must be {rule}, got {value}.")
-
-
-def _span(values: torch.Tensor) -> str:
-    return f"values in [{int(values.min())}, {int(values.max())}]"
-
-
-def validate_job(job: EngineJob, limits: JobLimits, graph: Graph) -> None:
-    """Raise ``ValueError`` naming the field and value unless the model can run ``job``.
-
-    Label indices are range-checked here: an out-of-range embedding index on CUDA is a
-    device-side assert that would take the whole engine down, not just this job.
-    """
-    n = job.num_cells
-    for name, ok, rule in (
-        ("num_cells", n >= 1, ">= 1"),
-        ("steps", job.steps >= 1, ">= 1"),
-        ("steps", job.steps < MAX_STEPS, "below 2**32"),
-        ("temperature", math.isfinite(job.temperature) and job.temperature > 0, "finite, > 0"),
-        ("seed", 0 <= job.seed <= MAX_SEED, "in [0, 2**63 - 1]"),
-        ("first_cell", 0 <= job.first_cell <= MAX_CELLS - n, "in [0, 2**48 - num_cells]"),
-        ("eps", 0.0 < job.eps < 1.0, "in (0, 1)"),
-    ):
-        if not ok:
-            raise _bad(name, rule, getattr(job, name))
-    if job.sampler not in ("euler", "analytic"):
-        raise _bad("sampler", "'euler' or 'analytic'", repr(job.sampler))
-    if job.grid not in TIME_GRIDS:
-        raise _bad("grid", f"one of {', '.join(TIME_GRIDS)}", repr(job.grid))
-    _validate_labels(job, limits, n)
-    if job.x_init is None and limits.num_genes is None:
-        raise _bad("x_init", "given, or the number of genes known", None)
-    _validate_imputation(job, graph, n, limits.num_genes)
-
-
-def _validate_labels(job: EngineJob, limits: JobLimits, n: int) -> None:
-    labels, cell_types, perts = job.labels, job.cell_types, limits.num_perturbations
-    if labels is None and perts:
-        raise _bad("labels", "given: this model is conditioned on perturbations", None)
-    if labels is not None and perts == 0:
-        raise _bad("labels", "None: this model is unconditional", tuple(labels.shape))
-    if labels is not None and labels.is_floating_point():
-        dim = limits.label_dim
-        shape_ok = labels.shape == (n, dim) if dim is not None else labels.ndim == 2
-        if not shape_ok or labels.shape[0] != n or not bool(torch.isfinite(labels).all()):
-            raise _bad("labels", f"finite vectors of shape ({n}, {dim})", tuple(labels.shape))
-    elif labels is not None:
-        if labels.shape != (n,):
-            raise _bad("labels", f"of shape ({n},)", tuple(labels.shape))
-        if labels.min() < 0 or (perts is not None and labels.max() >= perts):
-            raise _bad("labels", f"indices in [0, {perts})", _span(labels))
-    if cell_types is not None:
-        if cell_types.shape != (n,) or cell_types.is_floating_point():
-            raise _bad("cell_types", f"integer indices of shape ({n},)", tuple(cell_types.shape))
-        kinds = limits.num_cell_types
-        if cell_types.min() < 0 or (kinds is not None and cell_types.max() >= kinds):
-            raise _bad("cell_types", f"indices in [0, {kinds})", _span(cell_types))
-
-
-def _validate_imputation(job: EngineJob, graph: Graph, n: int, g: int | None) -> None:
-    x, fixed, vocab = job.x_init, job.fixed, graph.dim
-    if fixed is not None and x is None:
-        raise _bad("x_init", "given when `fixed` is", None)
-    if x is None:
-        return
-    g = x.shape[1] if g is None and x.ndim == 2 else g
-    if x.shape != (n, g) or x.is_floating_point():
-        raise _bad("x_init", f"integer tokens of shape ({n}, {g})", tuple(x.shape))
-    if x.min() < 0 or x.max() >= vocab:
-        raise _bad("x_init", f"tokens in [0, {vocab})", _span(x))
-    if fixed is None:
-        return
-    if fixed.shape != (n, g) or fixed.dtype != torch.bool:
-        raise _bad(
-            "fixed", f"a bool tensor of shape ({n}, {g})", f"{fixed.dtype} {tuple(fixed.shape)}"
-        )
-    mask = graph.mask_index
-    if mask is not None and bool((x[fixed] == mask).any()):
-        raise _bad("fixed", "over real tokens, never the mask", "a fixed masked position")
+def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
+    """Raise ``ValueError`` naming the field and value unless the model can run ``job``
+    (``sedd.diffusion.inputs.check_inputs``, the check st3's sampler classes make too)."""
+    check_inputs(
+        limits, graph, num_cells=job.num_cells, steps=job.steps, sampler=job.sampler,
+        temperature=job.temperature, seed=job.seed, first_cell=job.first_cell, eps=job.eps,
+        grid=job.grid, labels=job.labels, cell_types=job.cell_types, x_init=job.x_init,
+        fixed=job.fixed,
+    )  # fmt: skip

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from sedd.diffusion.reference import StepProgress
 from sedd.engine.core import Engine
-from sedd.engine.jobs import EngineJob, JobHandle, JobProgress, JobResult
+from sedd.engine.jobs import EngineJob, JobHandle, JobResult
 
-ProgressHook = Callable[[JobProgress], None]
+ProgressHook = Callable[[StepProgress], None]
 
 
 def run_jobs(

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from sedd.diffusion.graph import Graph
+from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import (
     Proposal,
     Sampler,
@@ -29,7 +30,7 @@ from sedd.diffusion.sampling import (
     start_tokens,
     time_grid,
 )
-from sedd.engine.jobs import EngineJob, JobHandle, JobProgress
+from sedd.engine.jobs import EngineJob, JobHandle
 
 _EMPTY = torch.empty(0)
 
@@ -40,7 +41,7 @@ class JobState:
 
     job: EngineJob
     handle: JobHandle
-    on_progress: Callable[[JobProgress], None] | None
+    on_progress: Callable[[StepProgress], None] | None
     submitted: float  # time.monotonic()
     started: float | None = None  # first rows admitted
     x: torch.Tensor = _EMPTY  # (N, G) tokens on the device
@@ -80,7 +81,7 @@ class JobState:
         )
         self.grid = time_grid(job.steps, job.eps, job.grid).tolist()
 
-    def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> JobProgress:
+    def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> StepProgress:
         """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
         this step moved; from host counts, no device read."""
         total = self.job.total_steps
@@ -89,7 +90,7 @@ class JobState:
         masked = 0.0
         if graph.absorb:  # masked positions are the ones that can change (fixed never are)
             masked = float(self.active.sum()) / max(self.x.numel(), 1)
-        return JobProgress(step, total, rows, masked)
+        return StepProgress(step, total, rows, masked)
 
 
 @dataclass(eq=False)

@@ -22,7 +22,7 @@ from sedd.cuda_emulation import (
     emulate_cuda,
 )
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, JobLimits
+from sedd.engine import Engine, ModelLimits
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
@@ -96,7 +96,7 @@ def _engine(loaded, emulator: Emulator) -> Engine:
     loaded.model.to("cuda")
     policy = PrecisionPolicy(device=torch.device("cuda"), amp_dtype=None)
     sampler = Sampler(loaded.model, loaded.noise, loaded.graph, precision=policy, block_rows=4)
-    return Engine(sampler, JobLimits.of_model(loaded), max_rows_per_forward=8)
+    return Engine(sampler, ModelLimits.of_model(loaded), max_rows_per_forward=8)
 
 
 def _syncs_in_steps(emu: Emulator, engine: Engine) -> list[int]:

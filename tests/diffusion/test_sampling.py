@@ -12,8 +12,8 @@ from torch import nn
 from sedd.diffusion.graph import AbsorbingGraph, UniformGraph
 from sedd.diffusion.noise import GeometricNoise, LogLinearNoise
 from sedd.diffusion.sampling import Sampler, StepRows, start_tokens
-from sedd.engine import JobProgress
-from sedd.engine.samplers import AnalyticSampler, EulerSampler, PerturbationEulerSampler
+from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler, PerturbationEulerSampler
+from sedd.engine import StepProgress
 from sedd.models.ddit import DDiT
 from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
@@ -225,7 +225,7 @@ def test_uniform_graph_start_comes_from_the_seed_not_the_global_rng():
 
 
 def test_progress_hook_reports_every_step_the_denoise_included():
-    stats: list[JobProgress] = []
+    stats: list[StepProgress] = []
     sampler = EulerSampler(FlatX0Model(100, 4), LogLinearNoise(), AbsorbingGraph(4), use_amp=False)
     sampler.sample(2, steps=5, seed=0, on_step=stats.append)
     assert [s.step for s in stats] == [1, 2, 3, 4, 5, 6]

@@ -21,7 +21,7 @@ from exact_models import ExactModel, no_collision_probability, potts_distributio
 
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
-from sedd.engine.samplers import AnalyticSampler, EulerSampler
+from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
 
 POSITIONS, TOKENS = 5, 3
 SAMPLES, STEPS, EPS = 10_000, 256, 1e-5

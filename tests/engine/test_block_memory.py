@@ -11,7 +11,7 @@ import torch
 from devices import EMULATED, needs_emulator
 from engine_models import GENES, job, run_until_idle, tiny_loaded
 
-from sedd.engine import Engine, JobLimits
+from sedd.engine import Engine, ModelLimits
 from sedd.engine.forwards import STEP_BYTES_PER_TOKEN, model_sampler, rows_that_fit, step_bytes
 from sedd.engine.jobs import BlockOutOfMemoryError
 from sedd.precision import PrecisionPolicy
@@ -78,7 +78,7 @@ def test_running_out_of_memory_names_the_setting_to_lower(emulator, monkeypatch)
     loaded.model.to("cuda")
     policy = PrecisionPolicy(device=torch.device("cuda"), amp_dtype=None)
     sampler = model_sampler(loaded, policy, tokens_per_forward=40)
-    engine = Engine(sampler, JobLimits.of_model(loaded), max_rows_per_forward=8)
+    engine = Engine(sampler, ModelLimits.of_model(loaded), max_rows_per_forward=8)
     handles = [engine.submit(job(3, steps=3, seed=s)) for s in (1, 2)]
     engine.tick()  # the jobs' tokens are on the device, one step taken
     tight = emulator.allocated[0] + 1_000  # no room for a block step's temporaries

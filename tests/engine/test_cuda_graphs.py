@@ -17,14 +17,14 @@ from engine_models import LOADED, job, run_until_idle
 
 from sedd.diffusion.cuda_graphs import GraphedSteps, cuda_graphs_from_env
 from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
-from sedd.engine import Engine, EngineJob, JobLimits
+from sedd.engine import Engine, EngineJob, ModelLimits
 from sedd.precision import PrecisionPolicy, resolve_precision
 
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
 
 
 def run_jobs(sampler: Sampler, jobs: list[EngineJob]) -> list[torch.Tensor]:
-    engine = Engine(sampler, JobLimits.of_model(LOADED), max_rows_per_forward=16)
+    engine = Engine(sampler, ModelLimits.of_model(LOADED), max_rows_per_forward=16)
     handles = [engine.submit(j) for j in jobs]
     run_until_idle(engine)
     return [h.future.result(timeout=0).tokens for h in handles]

@@ -18,7 +18,7 @@ from engine_models import job, run_until_idle, tiny_loaded
 import sedd
 from sedd.cli import main
 from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
-from sedd.engine import Engine, JobLimits
+from sedd.engine import Engine, ModelLimits
 from sedd.engine.stepping import Stepper
 from sedd.precision import resolve_precision
 
@@ -33,7 +33,7 @@ def test_auto_precision_asks_the_requested_gpu_not_the_current_one():
 
 
 def _run(loaded, sampler: Sampler) -> list[torch.Tensor]:
-    engine = Engine(sampler, JobLimits.of_model(loaded), max_rows_per_forward=8)
+    engine = Engine(sampler, ModelLimits.of_model(loaded), max_rows_per_forward=8)
     jobs = [job(5, steps=3, seed=1), job(2, steps=4, seed=2, label=3, temperature=0.7)]
     handles = [engine.submit(j) for j in jobs]
     run_until_idle(engine)

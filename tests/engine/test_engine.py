@@ -15,19 +15,19 @@ from torch import nn
 from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows
+from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
 from sedd.engine import (
     Engine,
     EngineFull,
     EngineJob,
     EngineStopped,
     JobCancelled,
-    JobLimits,
-    JobProgress,
     JobResult,
     JobTimeout,
+    ModelLimits,
+    StepProgress,
     run_job,
 )
-from sedd.engine.samplers import AnalyticSampler, EulerSampler
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
 from sedd.request.plan import GenerationRequest, plan
@@ -60,7 +60,7 @@ def test_forwards_are_the_model_calls_row_blocks_and_skipped_steps_included():
             sampler = EulerSampler(
                 LOADED.model, LOADED.noise, LOADED.graph, precision=FP32, block_rows=2
             )
-            engine = Engine(sampler, JobLimits(num_genes=GENES, num_perturbations=PERTS),
+            engine = Engine(sampler, ModelLimits(num_genes=GENES, num_perturbations=PERTS),
                             observer=rec)  # fmt: skip
             handle = engine.submit(job(rows, steps=steps, seed=rows))
             run_until_idle(engine)
@@ -132,7 +132,7 @@ def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
 
 
 def test_the_head_of_the_queue_is_never_overtaken():
-    seen: dict[str, list[JobProgress]] = {"head": [], "small": []}
+    seen: dict[str, list[StepProgress]] = {"head": [], "small": []}
     engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=5)
     engine.submit(job(3, steps=2))
     engine.submit(job(4, steps=2), on_progress=seen["head"].append)
@@ -308,13 +308,13 @@ def test_out_of_memory_splits_the_rows_and_fails_only_a_job_too_big_alone():
     model = OomAbove(LOADED.model, rows=4)
     # forwards as large as the packed rows (no fixed blocks), so halving the rows halves them
     sampler = Sampler(model, LOADED.noise, LOADED.graph, precision=FP32, block_rows=None)
-    engine = Engine(sampler, JobLimits.of_model(LOADED))
+    engine = Engine(sampler, ModelLimits.of_model(LOADED))
     jobs = [job(3, seed=1), job(3, seed=2, label=2), job(2, seed=3, sampler="analytic")]
     handles = [engine.submit(j) for j in jobs]
     too_big = engine.submit(job(5, seed=4))
     run_until_idle(engine)
     for j, h in zip(jobs, handles, strict=True):
-        alone = Engine(sampler, JobLimits.of_model(LOADED))
+        alone = Engine(sampler, ModelLimits.of_model(LOADED))
         assert torch.equal(h.future.result(timeout=0).tokens, run_job(alone, j).tokens)
     with pytest.raises(torch.OutOfMemoryError):
         too_big.future.result(timeout=0)
@@ -345,7 +345,7 @@ def test_a_step_that_fails_after_drawing_is_retried_with_the_same_draws(monkeypa
 
 
 def test_background_thread_resolves_futures_and_stops():
-    progress: list[JobProgress] = []
+    progress: list[StepProgress] = []
     engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=4)
     engine.start()
     assert engine.running

@@ -12,7 +12,7 @@ import torch
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, EngineJob, JobLimits, run_job
+from sedd.engine import Engine, EngineJob, ModelLimits, run_job
 from sedd.engine.monitor import Monitor, NvmlProbe
 from sedd.models.st3 import SEDDTransformer
 from sedd.precision import resolve_precision
@@ -46,7 +46,7 @@ def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
         model, LogLinearNoise(), AbsorbingGraph(4), precision=resolve_precision("fp32", "cpu")
     )
     with Monitor("cpu", num_genes=genes, clock=SteppedClock(10.0, 12.5)) as monitor:
-        engine = Engine(sampler, JobLimits.of_module(model), observer=monitor)
+        engine = Engine(sampler, ModelLimits.of_module(model), observer=monitor)
         calls: list[int] = []
         hook = model.register_forward_hook(lambda *_: calls.append(1))
         result = run_job(engine, EngineJob(cells, steps, seed=0))

@@ -18,7 +18,7 @@ from checkpoint_files import ST3
 from sedd.bench.overhead import profile_ticks
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, EngineJob, JobLimits
+from sedd.engine import Engine, EngineJob, ModelLimits
 from sedd.precision import PrecisionPolicy
 
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
@@ -35,7 +35,7 @@ def tiny_mlm() -> LoadedModel:
 def steady_tick(loaded: LoadedModel, jobs: list[EngineJob]) -> tuple[float, float]:
     """(aten ops, syncs) of one engine tick in mid-run, every row in one block of 256."""
     sampler = Sampler(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=BLOCK)
-    engine = Engine(sampler, JobLimits.of_model(loaded), max_rows_per_forward=BLOCK)
+    engine = Engine(sampler, ModelLimits.of_model(loaded), max_rows_per_forward=BLOCK)
     for job in jobs:
         engine.submit(job)
     engine.tick()  # admission and the first step
@@ -83,7 +83,7 @@ def test_the_step_path_has_no_data_dependent_ops(tiny_mlm: LoadedModel):
     sampler = Sampler(
         tiny_mlm.model, tiny_mlm.noise, tiny_mlm.graph, precision=FP32, block_rows=BLOCK
     )
-    engine = Engine(sampler, JobLimits.of_model(tiny_mlm), max_rows_per_forward=BLOCK)
+    engine = Engine(sampler, ModelLimits.of_model(tiny_mlm), max_rows_per_forward=BLOCK)
     engine.submit(EngineJob(5, steps=6, seed=0))
     engine.tick()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

@@ -14,8 +14,8 @@ import sedd.precision
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.sampling import StepRows
+from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine import Engine
-from sedd.engine.samplers import EulerSampler
 from sedd.precision import (
     NonFiniteScoreError,
     PrecisionError,

@@ -25,8 +25,8 @@ from server_models import GENES, NUM_BINS, save_tiny_model
 
 from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
+from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine.monitor import MonitorSnapshot
-from sedd.engine.samplers import EulerSampler
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
 from server.app import create_app, preload

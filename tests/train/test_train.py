@@ -22,7 +22,7 @@ from sedd.cli import main as cli_main
 from sedd.commands import train as train_command
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
-from sedd.engine.samplers import EulerSampler
+from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.io.files import sha256_file
 from sedd.precision import PrecisionError
 from sedd.train.config import (

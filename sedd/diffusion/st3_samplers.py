@@ -1,9 +1,9 @@
-"""st3's sampler classes, as thin calls into the engine.
+"""st3's sampler classes, built on the reference loop (``sedd.diffusion.reference``).
 
 ``EulerSampler(model, noise, graph, use_amp, amp_dtype).sample(...)`` keeps st3's constructor and
-a readable ``sample`` for notebooks and tests. It has no loop of its own: it submits one job to a
-one-off ``Engine`` over this sampler and ticks it to the end, so it walks exactly the time grid,
-start tokens and steps the server and the CLI walk. The step maths is
+a readable ``sample`` for notebooks and tests. It checks its arguments as the engine checks a job
+(``sedd.diffusion.inputs``) and runs ``reference_sample``: the same time grid, start tokens and
+steps the server and the CLI walk, one request at a time. The step maths is
 ``sedd.diffusion.sampling.Sampler``.
 """
 
@@ -14,13 +14,13 @@ from collections.abc import Callable
 import torch
 
 from sedd.defaults import TimeGrid
+from sedd.diffusion.inputs import ModelLimits, check_inputs
+from sedd.diffusion.reference import StepProgress, reference_sample
 from sedd.diffusion.sampling import Predictor, Sampler
-from sedd.engine import Engine, EngineJob, JobLimits, JobProgress
-from sedd.engine.offline import run_job
 
 
-class EngineSampler(Sampler):
-    """A ``Sampler`` whose ``sample`` runs one job on the engine (see the module docstring)."""
+class St3Sampler(Sampler):
+    """A ``Sampler`` with st3's ``sample`` (see the module docstring)."""
 
     def sample(
         self,
@@ -38,46 +38,40 @@ class EngineSampler(Sampler):
         denoise: bool = True,
         eps: float = 1e-5,
         time_grid: TimeGrid = "uniform",
-        on_step: Callable[[JobProgress], None] | None = None,
+        on_step: Callable[[StepProgress], None] | None = None,
     ) -> torch.Tensor:
         """Draw ``num_cells`` sequences of tokens with ``steps`` reverse steps (+ the denoise).
 
-        Cell i draws from its own stream (seed, first_cell + i), whatever else runs with it.
-        Imputation: ``x_init`` (N, G) holds given tokens (the mask elsewhere) and ``fixed`` marks
-        them; they never change. Time runs over
-        ``sedd.diffusion.sampling.time_grid(steps, eps, time_grid)``; with ``denoise`` a last step
-        goes to 0. ``on_step`` sees each step's ``JobProgress``.
+        Cell i draws from its own stream (seed, first_cell + i). Imputation: ``x_init`` (N, G)
+        holds given tokens (the mask elsewhere) and ``fixed`` marks them; they never change.
+        Time runs over ``sedd.diffusion.sampling.time_grid(steps, eps, time_grid)``; with
+        ``denoise`` a last step goes to 0. ``on_step`` sees each step's ``StepProgress``.
         Returns (N, G) tokens on the sampler's device.
         """
         if num_cells is None:
             num_cells = next((v.shape[0] for v in (x_init, labels) if v is not None), 0)
-        job = EngineJob(
-            num_cells=num_cells,
-            steps=steps,
-            sampler=self.predictor,
-            temperature=temperature,
-            seed=seed,
-            first_cell=first_cell,
-            labels=None if labels is None else labels.cpu(),
-            cell_types=None if cell_types is None else cell_types.cpu(),
-            x_init=None if x_init is None else x_init.cpu(),
-            fixed=None if fixed is None else fixed.cpu(),
-            eps=eps,
-            grid=time_grid,
-            denoise=denoise,
-        )
-        limits = JobLimits.of_module(self.model, num_genes)
-        engine = Engine(self, limits, max_rows_per_forward=max(num_cells, 1))
-        return run_job(engine, job, on_step).tokens.to(self.device)
+        limits = ModelLimits.of_module(self.model, num_genes)
+        inputs = dict(labels=labels, cell_types=cell_types, fixed=fixed)
+        cpu = {k: None if v is None else v.cpu() for k, v in inputs.items()}
+        check_inputs(
+            limits, self.graph, num_cells=num_cells, steps=steps, sampler=self.predictor,
+            temperature=temperature, seed=seed, first_cell=first_cell, eps=eps, grid=time_grid,
+            x_init=None if x_init is None else x_init.cpu(), **cpu,
+        )  # fmt: skip
+        return reference_sample(
+            self, x_init, num_cells=num_cells, num_genes=limits.num_genes, steps=steps,
+            seed=seed, first_cell=first_cell, temperature=temperature, eps=eps, grid=time_grid,
+            denoise=denoise, on_step=on_step, **inputs,
+        )  # fmt: skip
 
 
-class EulerSampler(EngineSampler):
+class EulerSampler(St3Sampler):
     """Euler reverse step (reference SEDD ``euler`` predictor)."""
 
     predictor: Predictor = "euler"
 
 
-class AnalyticSampler(EngineSampler):
+class AnalyticSampler(St3Sampler):
     """Analytic (Tweedie tau-leaping) reverse step (reference SEDD ``analytic`` predictor)."""
 
     predictor: Predictor = "analytic"
