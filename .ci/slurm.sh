@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: a real one-node SLURM cluster runs slurm/inf_cond.sbatch as the README documents.
+# CI: a real one-node SLURM cluster runs slurm/inf_cond.sbatch as docs/slurm.md documents.
 #   1. an uninterrupted array + chained merge; the merged h5ad is checked;
 #   2. a second array with one task cancelled mid-shard: its merge must be cancelled, not run;
 #      the same sbatch command is resubmitted and the merged result must equal run 1 (X, obs).
@@ -76,7 +76,7 @@ merge_job_of() {  # merge_job_of OUTPUT_DIR ARRAY_JOB: the merge job the array's
   cat "$f"
 }
 
-submit() {  # submit OUTPUT_DIR: the README's command, settings in the environment
+submit() {  # submit OUTPUT_DIR: docs/slurm.md's command, settings in the environment
   OUTPUT_DIR=$1 sbatch --parsable slurm/inf_cond.sbatch | cut -d';' -f1
 }
 

@@ -125,7 +125,7 @@ for name in sys.argv[1:]:
 if [[ -n $missing ]]; then
   echo "gpu_check: $PY lacks ${missing% }: installing what it needs, pip install -q -e \"$REPO[test]\""
   if ! "$PY" -m pip install -q -e "$REPO[test]"; then
-    echo "gpu_check: the install failed; install sedd's test extra by hand (README, GPU set-up) and rerun." >&2
+    echo "gpu_check: the install failed; install sedd's test extra by hand (docs/gpu.md, GPU set-up) and rerun." >&2
     exit 2
   fi
 fi

@@ -4,7 +4,7 @@
 
 Reads what the check wrote in DIR: each step's outcome (STEP.status: ``state exit seconds
 budget mode``), its log (STEP.log) and its JSON (STEP.json), and writes every figure once, as
-JSON and as markdown tables ready for the README:
+JSON and as markdown tables ready for the docs (docs/benchmarks.md, docs/gpu.md):
 
 * the steps: outcome, seconds, budget (and, on the emulated lane, the host syncs it made);
 * the CUDA test lane: its summary line and the failed tests, by name (pytest ``-rfE``'s

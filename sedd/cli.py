@@ -35,7 +35,7 @@ _COMMAND_MODULES = (
     "precision_report",
 )
 
-# Exit codes of expected faults (documented in the README): argparse itself exits 2 on usage.
+# Exit codes of expected faults (docs/cli.md, "Errors and exit codes"): argparse exits 2 on usage.
 EXIT_INPUT = 2  # a value, file content, checkpoint or config that cannot be used
 EXIT_OS = 3  # the operating system refused: missing path, permissions, not a directory, disk full
 EXIT_MEMORY = 4  # out of host or accelerator memory

@@ -1,4 +1,4 @@
-"""Run the app under uvicorn with the shutdown the README documents.
+"""Run the app under uvicorn with the shutdown docs/service.md documents ("Shutdown").
 
 uvicorn's own answer to SIGTERM closes the listener at once (new clients get "connection
 refused") and waits for open connections without a limit of its own. ``DrainingServer`` instead,
