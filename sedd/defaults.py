@@ -2,8 +2,8 @@
 
 ``DEFAULT_STEPS`` on the ``DEFAULT_GRID`` is the fewest model forwards whose quality is within
 seed-to-seed noise of 50 uniform steps on the bundled model (``scripts/quality_vs_steps.py``;
-README, "Quality per forward"): 10 uniform steps, about 10.6 forwards a cell against 50.8. 5
-steps lose within-label structure, and the cosine grid was no better than the uniform one.
+docs/quality.md, "Quality per forward"): 10 uniform steps, about 10.6 forwards a cell against
+50.8. 5 steps lose within-label structure, and the cosine grid was no better than the uniform one.
 ``--steps N`` without a grid keeps st3's uniform grid, so st3 comparisons stay exact. A model
 that learned stronger dependence between genes may need more steps: measure it the same way.
 """

@@ -73,7 +73,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         dest="steps",
         type=int,
         default=None,
-        help="reverse steps (default: the library's tuned schedule, see the README's "
+        help="reverse steps (default: the library's tuned schedule, see docs/quality.md's "
         "'Quality per forward'; --steps alone keeps st3's uniform grid)",
     )
     p.add_argument(
