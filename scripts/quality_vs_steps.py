@@ -58,7 +58,7 @@ def _items() -> list[tuple[str, str, int, int]]:
 def run(part: int, parts: int, precision: str, tokens_per_forward: int) -> None:
     from sedd.api import load
     from sedd.defaults import BUNDLED_DATA
-    from sedd.diffusion.sampling import block_rows_for
+    from sedd.engine.forwards import block_rows_for
     from sedd.eval.quality import HeldOut
 
     model = load(device="cpu", precision=precision, tokens_per_forward=tokens_per_forward)

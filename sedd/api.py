@@ -29,8 +29,8 @@ from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, default_device
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
-from sedd.diffusion.sampling import Predictor, Sampler, block_rows_for
-from sedd.engine import model_sampler
+from sedd.diffusion.sampling import Predictor, Sampler
+from sedd.engine import block_rows_for, model_sampler
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import label_mix, perturbation_conditions

@@ -26,18 +26,19 @@ def pytest_configure(config: pytest.Config) -> None:
         pytest.exit(problem, returncode=4)
     if EMULATED:  # before collection: test modules build CUDA models at import
         from sedd.cuda_emulation import DeviceSpec, emulate_cuda
-        from sedd.diffusion import sampling
 
         # cuda:0 an H100, cuda:1 an older GPU without native bf16 (tests that name a device)
         v100 = DeviceSpec("Tesla V100-SXM2-16GB (emulated)", (7, 0), 16 << 30, 80)
         emulator = emulate_cuda(devices=[DeviceSpec(), v100])
         config.stash[EMULATOR] = _EMULATION.enter_context(emulator)
+        from sedd.engine import forwards
+
         # The emulated GPU computes on this CPU: the CPU's row block (a GPU's 131,072 tokens
         # would pad a 765-gene cell to 171 rows). Cells then equal the CPU lane's bit for bit.
-        cpu_block = sampling.DEFAULT_TOKENS_PER_FORWARD["cpu"]
-        _EMULATION.enter_context(
-            pytest.MonkeyPatch.context()
-        ).setitem(sampling.DEFAULT_TOKENS_PER_FORWARD, "cuda", cpu_block)
+        cpu_block = forwards.DEFAULT_TOKENS_PER_FORWARD["cpu"]
+        _EMULATION.enter_context(pytest.MonkeyPatch.context()).setitem(
+            forwards.DEFAULT_TOKENS_PER_FORWARD, "cuda", cpu_block
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

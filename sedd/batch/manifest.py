@@ -28,7 +28,7 @@ from typing import Any
 
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
-from sedd.diffusion.sampling import block_rows_for
+from sedd.engine.forwards import block_rows_for
 from sedd.io.files import temporary_beside
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import GenerationRequest

@@ -23,13 +23,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from sedd.diffusion.sampling import Sampler, block_rows_for
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import (
     Engine,
     EngineJob,
     JobResult,
     ModelLimits,
     StepProgress,
+    block_rows_for,
     model_sampler,
     run_jobs,
 )

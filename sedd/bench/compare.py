@@ -28,7 +28,7 @@ from sedd.api import Model
 from sedd.bench.flops import forward_flops, forward_seconds, matmul_flops_per_s
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import resolve_schedule
-from sedd.diffusion.sampling import block_rows_for
+from sedd.engine.forwards import block_rows_for
 from sedd.eval.quality import HeldOut
 from sedd.precision import PrecisionPolicy, resolve_precision
 

@@ -23,7 +23,7 @@ def parse_shape(text: str) -> Shape:
     """``GENESxBINS:HIDDEN/LAYERS/HEADS[:ROWS]`` -> ``Shape``; rows left out: the block the
     engine runs on CUDA (``DEFAULT_TOKENS_PER_FORWARD["cuda"]`` tokens // genes)."""
     from sedd.bench.roofline import Shape
-    from sedd.diffusion.sampling import block_rows_for
+    from sedd.engine.forwards import block_rows_for
 
     try:
         sizes, arch, *rows = text.split(":")

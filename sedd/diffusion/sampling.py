@@ -60,7 +60,6 @@ Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
 
 __all__ = [
-    "DEFAULT_TOKENS_PER_FORWARD",
     "DenoiseMode",
     "Predictor",
     "Proposal",
@@ -68,7 +67,6 @@ __all__ = [
     "StepOutput",
     "StepPlan",
     "StepRows",
-    "block_rows_for",
     "sample_categorical",
     "start_tokens",
     "time_grid",  # sedd.diffusion.schedule's, here too: the step maths and the grid it runs on
@@ -104,25 +102,6 @@ class StepOutput:
 # register (up to 64 fp32 lanes). ATen sums a row shorter than a register element by element
 # and a longer one lane-wise, so a trailing 0 changes no sum only past the first register.
 WHOLE_ROW_SOFTMAX_FROM = 64
-
-# Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
-# a 765-gene row costs the same at 1 to 10 rows a forward (33-35 ms in fp32), so the block is one
-# such row and a one-cell request pays for no padding; small models still get several rows. On
-# a GPU the cost of a forward is mostly fixed, and larger blocks fill it.
-DEFAULT_TOKENS_PER_FORWARD = {"cpu": 1024, "cuda": 131072}
-
-
-def block_rows_for(
-    num_genes: int, device: torch.device | str, tokens_per_forward: int | None = None
-) -> int:
-    """Rows per model forward for a token budget (at least 1): every forward runs on blocks of
-    exactly this many rows, so a cell's numbers do not depend on its batch."""
-    budget = tokens_per_forward
-    if budget is None:
-        budget = DEFAULT_TOKENS_PER_FORWARD.get(torch.device(device).type, 32768)
-    if budget < 1:
-        raise ValueError(f"`tokens_per_forward` must be >= 1, got {budget}.")
-    return max(1, budget // max(num_genes, 1))
 
 
 def start_tokens(
@@ -196,7 +175,7 @@ class Sampler:
         self.denoise_mode: DenoiseMode = denoise
         if block_rows is not None and block_rows < 1:
             raise ValueError(f"`block_rows` must be >= 1, got {block_rows}.")
-        self.block_rows = block_rows  # rows per model forward (fixed shape); None: the batch
+        self.block_rows = block_rows  # rows per forward (``sedd.engine.forwards``); None: the batch
         if predictor is not None:
             self.predictor = predictor
         self.graphs = GraphedSteps(self._block_step, enabled=cuda_graphs, device=self.device)

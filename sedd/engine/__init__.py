@@ -14,8 +14,9 @@ settled after one small readback a tick.
   jobs are in flight, and each tick's rows are shared max-min fairly between them
   (``sharing.fair_shares``), so a small job runs beside a big one. ``EngineFull.retry_after`` is
   the ticks until the head of the queue can start at today's shares, times a measured tick.
-* Every model forward runs on blocks of exactly ``sampler.block_rows`` rows (``Engine.for_model``:
-  ``tokens_per_forward // genes``), the last block padded with copies of its last row. At a fixed
+* Every model forward runs on blocks of exactly ``sampler.block_rows`` rows (decided in
+  ``forwards``: ``tokens_per_forward // genes``, on CUDA also bounded by the free memory; reported
+  by ``Engine.forward_shape``), the last block padded with copies of its last row. At a fixed
   shape each kernel (linear, attention, layer norm) computes a row the same way whatever the other
   rows hold or where the row sits, so a cell's tokens do not depend on its batch size, its packing
   with other jobs, its shard or the server's load (on one machine, thread count, precision, block
@@ -35,7 +36,7 @@ settled after one small readback a tick.
 from sedd.diffusion.inputs import ModelLimits
 from sedd.diffusion.reference import StepProgress
 from sedd.engine.core import Engine
-from sedd.engine.forwards import model_sampler
+from sedd.engine.forwards import ForwardShape, block_rows_for, model_sampler
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -56,6 +57,7 @@ __all__ = [
     "EngineJob",
     "EngineObserver",
     "EngineStopped",
+    "ForwardShape",
     "InvalidTokensError",
     "JobCancelled",
     "JobHandle",
@@ -63,6 +65,7 @@ __all__ = [
     "JobTimeout",
     "ModelLimits",
     "StepProgress",
+    "block_rows_for",
     "is_out_of_memory",
     "model_sampler",
     "run_job",

@@ -11,7 +11,6 @@ A tick makes one host sync in the usual case: the step is proposed on the device
 of conditioning, then one small (rows, 2) tensor comes back (rows whose output was not finite,
 positions left to unmask), from which the host keeps its bookkeeping (finished rows, progress,
 the masked fraction, the fp32 fallback). A finished job's tokens cross once, at its end.
-
 Admission, fixed row blocks and faults: the package docstring (``sedd.engine``).
 """
 
@@ -31,7 +30,7 @@ from sedd.diffusion.inputs import ModelLimits
 from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import Sampler
 from sedd.engine.admission import Work, Workload
-from sedd.engine.forwards import model_sampler
+from sedd.engine.forwards import ForwardShape, model_sampler
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -76,9 +75,8 @@ class Engine:
     ) -> Engine:
         """An engine over ``loaded`` under ``precision`` on ``forwards.model_sampler``'s
         sampler (fixed row blocks, CUDA graphs); ``options`` as the constructor's."""
-        sampler = model_sampler(
-            loaded, precision, tokens_per_forward=tokens_per_forward, cuda_graphs=cuda_graphs
-        )
+        sampler = model_sampler(loaded, precision, tokens_per_forward=tokens_per_forward,
+                                cuda_graphs=cuda_graphs)  # fmt: skip
         return cls(sampler, ModelLimits.of_model(loaded), **options)
 
     def __init__(
@@ -269,8 +267,7 @@ class Engine:
         return list({id(st): st for st in found}.values())
 
     def _observe(self, hook: str, *args: object) -> None:
-        fn = getattr(self.observer, hook, None)
-        if fn is None:
+        if (fn := getattr(self.observer, hook, None)) is None:
             return
         try:
             fn(*args)
@@ -391,9 +388,12 @@ class Engine:
             return sum(blk.rows for blk in self._active)
 
     @property
-    def readbacks(self) -> int:
-        """Device-to-host reads of step results so far: one a tick, as a rule."""
+    def readbacks(self) -> int:  # device-to-host reads of step results: one a tick, as a rule
         return self._stepper.readbacks
+
+    @property
+    def forward_shape(self) -> ForwardShape:  # what every model forward runs on (provenance)
+        return ForwardShape.of(self.sampler.block_rows, self.limits.num_genes)
 
     @property
     def running(self) -> bool:

@@ -23,8 +23,8 @@ from server_client import make_settings, served
 
 import sedd
 from sedd.checkpoints import load_checkpoint, save_native
-from sedd.diffusion.sampling import block_rows_for
 from sedd.engine import Engine, run_job
+from sedd.engine.forwards import block_rows_for
 from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio

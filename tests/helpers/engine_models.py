@@ -12,9 +12,9 @@ from sedd.checkpoints import LoadedModel
 from sedd.checkpoints.schema import ModelConfig
 from sedd.diffusion.graph import graph_from_config
 from sedd.diffusion.noise import noise_from_config
-from sedd.diffusion.sampling import block_rows_for
 from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
 from sedd.engine import Engine, EngineJob
+from sedd.engine.forwards import block_rows_for
 from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import PrecisionPolicy
 
