@@ -7,6 +7,8 @@ This is the only module that enters ``torch.autocast`` or casts around a model:
 * ``PrecisionPolicy.block_scores`` runs one fixed-shape block's forward under autocast and hands
   the sampler an fp32 tensor (rules 2 and 3), with no host sync; the sampler flags non-finite
   rows on the device and recomputes them with ``amp=False`` after its readback (rule 5).
+* ``fp32_fallback`` is that recomputation (rule 5), the only one: the sampler's step and
+  ``PrecisionPolicy.forward`` both run their non-finite rows again through it.
 * ``PrecisionPolicy.forward`` does the same for whole batches outside the step (precision
   reports, benchmarks): rows whose output is not finite are recomputed in fp32 and returned
   with it, so whoever owns those rows counts them (no counters on the policy).
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 AmpName = Literal["auto", "bf16", "fp16", "fp32", "off"]
@@ -34,6 +37,7 @@ _DTYPES: dict[str, torch.dtype | None] = {
     "off": None,
 }
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}
+T = TypeVar("T")
 
 
 class PrecisionError(ValueError):
@@ -209,17 +213,16 @@ class PrecisionPolicy:
         """
         inputs = _RowInputs(x, sigma, labels, cell_types)
         out = self._blocks(model, inputs, positions, block_rows, amp=True)
-        bad_rows = self._bad_rows(out, positions, x.shape[0])
-        if bad_rows.numel() == 0:
+        bad = self._bad_rows(out, positions, x.shape[0]).cpu().numpy()
+        if not bad.size:
             return ScoreOutput(out, ())
-        # precision: rule 5, recompute only the affected rows with autocast off.
-        redo = self._blocks(model, inputs.rows(bad_rows), None, block_rows, amp=False)
-        if not torch.isfinite(redo).all():
-            raise NonFiniteScoreError(
-                f"model output is not finite for rows {bad_rows.tolist()} even in fp32; "
-                "check the checkpoint weights and the inputs."
-            )
-        rows = tuple(bad_rows.tolist())
+
+        def recompute(index: torch.Tensor, amp: bool) -> tuple[torch.Tensor, np.ndarray]:
+            redo = self._blocks(model, inputs.rows(index), None, block_rows, amp=amp)
+            return redo, (~torch.isfinite(redo).flatten(1).all(dim=1)).cpu().numpy()
+
+        bad_rows, redo = fp32_fallback(bad, x.device, recompute)
+        rows = tuple(bad.tolist())
         if positions is None:
             out[bad_rows] = redo
             return ScoreOutput(out, rows)
@@ -277,6 +280,27 @@ class PrecisionPolicy:
             "torch_version": str(torch.__version__),
             "fp32_fallbacks": int(fp32_fallbacks),
         }
+
+
+def fp32_fallback(
+    bad: np.ndarray,
+    device: torch.device,
+    recompute: Callable[[torch.Tensor, bool], tuple[T, np.ndarray]],
+) -> tuple[torch.Tensor, T]:
+    """Rule 5, the one fp32 fallback (``Sampler.settle``'s and ``PrecisionPolicy.forward``'s):
+    the rows ``bad`` (host indices) whose output held NaN/Inf are run again with autocast off,
+    ``recompute(index, False)``, which returns its result and, per row of ``index``, whether it
+    is still not finite; any such row raises ``NonFiniteScoreError``, naming it. Returns
+    ``index`` (``bad`` on ``device``) and the result, for the caller to write back."""
+    index = torch.from_numpy(bad).to(device)
+    # precision: rule 5, recompute only the affected rows with autocast off.
+    redo, still = recompute(index, False)
+    if still.any():
+        raise NonFiniteScoreError(
+            f"model output is not finite for rows {bad[still].tolist()} even in fp32; "
+            "check the checkpoint weights and the inputs."
+        )
+    return index, redo
 
 
 def fixed_blocks(

@@ -49,15 +49,16 @@ from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.diffusion.schedule import time_grid
 from sedd.diffusion.step_rows import StepPlan, StepRows
 from sedd.precision import (
-    NonFiniteScoreError,
     PrecisionPolicy,
     ScoreModel,
     fixed_blocks,
+    fp32_fallback,
     resolve_precision,
 )
 
 Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
+Redo = tuple["Proposal", np.ndarray]  # rule 5's recomputed rows and their readback
 
 __all__ = [
     "DenoiseMode",
@@ -215,16 +216,13 @@ class Sampler:
         active = summary[:, 1].copy()
         if not bad.size:
             return StepOutput(proposal.tokens, (), proposal.model_calls, active)
-        # precision: rule 5, recompute only the affected rows with autocast off.
-        index = torch.from_numpy(bad).to(rows.x.device)
-        redo = self.propose(rows.take(index), plan, amp=False)
-        redone = redo.summary().cpu().numpy()
-        if redone[:, 0].any():
-            still = bad[redone[:, 0] != 0].tolist()
-            raise NonFiniteScoreError(
-                f"model output is not finite for rows {still} even in fp32; "
-                "check the checkpoint weights and the inputs."
-            )
+
+        def recompute(index: torch.Tensor, amp: bool) -> tuple[Redo, np.ndarray]:
+            redo = self.propose(rows.take(index), plan, amp=amp)
+            redone = redo.summary().cpu().numpy()  # [non-finite, still active] per row
+            return (redo, redone), redone[:, 0] != 0
+
+        index, (redo, redone) = fp32_fallback(bad, rows.x.device, recompute)
         active[bad] = redone[:, 1]
         tokens = proposal.tokens.index_copy(0, index, redo.tokens)
         calls = proposal.model_calls + redo.model_calls

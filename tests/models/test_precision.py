@@ -120,6 +120,42 @@ def test_nan_in_fp32_too_fails_the_request_clearly():
         sampler.sample(4, steps=2, seed=0, cell_types=torch.tensor([0, 0, 1, 0]))
 
 
+def test_the_step_and_the_policys_forward_share_one_fp32_fallback(monkeypatch):
+    """Rule 5 has one implementation, ``sedd.precision.fp32_fallback``: the sampler's step and
+    ``PrecisionPolicy.forward`` (precision reports, benchmarks) both recompute through it."""
+    seen: list[tuple[str, list[int]]] = []
+    real = sedd.precision.fp32_fallback
+
+    def spy(where):
+        def fallback(bad, device, recompute):
+            seen.append((where, bad.tolist()))
+            return real(bad, device, recompute)
+
+        return fallback
+
+    monkeypatch.setattr(sedd.diffusion.sampling, "fp32_fallback", spy("step"))
+    monkeypatch.setattr(sedd.precision, "fp32_fallback", spy("forward"))
+    x = torch.full((4, 5), 3)
+    step = EulerSampler(NaNRowModel(bad_rows=[1]), LogLinearNoise(), AbsorbingGraph(3))
+    assert step.step(StepRows.of_request(x, 1.0, 0.5)).fp32_fallback_rows == (1,)
+    policy = resolve_precision("bf16", "cpu")
+    fp32 = resolve_precision("fp32", "cpu")
+    model, masked = NaNRowModel(bad_rows=[1]), x == 3
+    expected = fp32.forward(model, x, torch.ones(4)).scores
+    out, redone = policy.forward(model, x, torch.ones(4))  # bf16 rows, row 1 in fp32
+    assert redone == (1,) and bool(torch.isfinite(out).all())
+    assert torch.equal(out[1], expected[1]) and not torch.equal(out[0], expected[0])
+    # in blocks of 2 rows the model spoils row 1 of each block: rows 1 and 3
+    gathered = policy.forward(model, x, torch.ones(4), positions=masked, block_rows=2)
+    assert gathered.fp32_fallback_rows == (1, 3)
+    assert torch.equal(gathered.scores.view(4, 5, 4)[[1, 3]], expected[[1, 3]])
+    assert torch.equal(gathered.scores.view(4, 5, 4)[[0, 2]], out[[0, 2]])
+    assert seen == [("step", [1]), ("forward", [1]), ("forward", [1, 3])]
+    with pytest.raises(NonFiniteScoreError, match=r"rows \[2\] even in fp32"):
+        policy.forward(NaNRowModel([], always=True), x, torch.ones(4),
+                       cell_types=torch.tensor([0, 0, 1, 0]))  # fmt: skip
+
+
 def test_fp16_on_cpu_is_refused_with_what_to_use_instead():
     with pytest.raises(PrecisionError, match=r"'fp16' is refused on CPU.*use 'bf16' or 'fp32'"):
         resolve_precision("fp16", "cpu")
