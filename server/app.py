@@ -5,8 +5,9 @@ perturbation map, vectors: what ``sedd generate`` takes), unless ``sedd serve`` 
 (so that a bad checkpoint is a one-line error before the server starts); it resolves the
 precision policy, starts one engine and publishes them as ``app.state.service``; on shutdown it
 stops taking requests and drains the engine (``server.serve`` drains on SIGTERM first).
-``server.guard`` checks the API key and the drain before any route runs. Every error reaches the
-client through ``server.errors.http_error`` (installed here as the app's exception handlers).
+``server.http.guard`` checks the API key and the drain before any route runs (the one check of
+the key). Every error reaches the client through ``server.errors.http_error`` (installed here as
+the app's exception handlers), its body written by ``server.http.errors``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from sedd.checkpoints import load_checkpoint
 from sedd.checkpoints.labels import PositionalGenesWarning
@@ -32,8 +33,9 @@ from sedd.engine import Engine
 from sedd.engine.monitor import Monitor
 from sedd.precision import resolve_precision
 from server.config import Settings
-from server.errors import MAPPED, excerpt, http_error
-from server.guard import GuardMiddleware
+from server.errors import MAPPED, http_error
+from server.http.errors import error_response, excerpt
+from server.http.guard import GuardMiddleware
 from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
 from server.openapi import apply_auth, apply_limits
 from server.routes import health, metrics, models, sampling
@@ -120,28 +122,24 @@ def startup_line(service: Service) -> str:
     )
 
 
-def _error_response(exc: BaseException) -> JSONResponse:
+async def _domain_error(request: Request, exc: Exception) -> Response:
     failure = http_error(exc)
-    return JSONResponse({"detail": failure.detail}, failure.status, headers=failure.headers)
+    return error_response(failure.status, failure.detail, failure.headers)
 
 
-async def _domain_error(request: Request, exc: Exception) -> JSONResponse:
-    return _error_response(exc)
-
-
-async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+async def _http_exception(request: Request, exc: Exception) -> Response:
     exc = cast(StarletteHTTPException, exc)  # registered for this type only
-    return JSONResponse({"detail": exc.detail}, exc.status_code, headers=exc.headers)
+    return error_response(exc.status_code, exc.detail, exc.headers)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     exc = cast(RequestValidationError, exc)
     fields = _body_fields(request)
     errors = [_suggest({k: v for k, v in e.items() if k != "url"}, fields) for e in exc.errors()]
     for error in errors:
         if "input" in error:
             error["input"] = excerpt(error["input"])
-    return JSONResponse({"detail": _jsonable(errors)}, 422)
+    return error_response(422, _jsonable(errors))
 
 
 def _body_fields(request: Request) -> list[str]:

@@ -1,15 +1,14 @@
-"""Errors the HTTP layer raises itself, and ``http_error``: THE one mapping from these, the
-engine's and the library's errors to an HTTP status, a ``detail`` and headers. The app's
-exception handlers (``server.app``) and the event streams both answer through it."""
+"""Errors the app raises itself, and ``http_error``: THE one mapping from these, the generic HTTP
+layer's (``server.http.errors``: a body too large or too slow, a refused field, a client that hung
+up), the engine's and the library's errors to an HTTP status, a ``detail`` and headers. The app's
+exception handlers (``server.app``) and the event streams both answer through it, and both write
+the body with ``server.http.errors``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -17,77 +16,22 @@ from sedd.checkpoints import UnknownLabelError
 from sedd.engine import EngineFull, EngineStopped, InvalidTokensError, JobCancelled, JobTimeout
 from sedd.io.tokens import CountRangeError
 from sedd.precision import NonFiniteScoreError
+from server.http.errors import (
+    DRAINING_DETAIL,
+    RETRY_DRAINING_S,
+    BodyTimeout,
+    BodyTooLarge,
+    ClientDisconnected,
+    Detail,
+    FieldError,
+)
 
 log = logging.getLogger("sedd.server")
 CLIENT_CLOSED = 499  # nginx's status for "client closed the request"; never seen by a client
-RETRY_DRAINING_S = 5
 DEADLINE_DETAIL = (
     "the request did not finish within its deadline; ask for fewer cells or steps, or raise "
     "timeout_s (up to the server's request_timeout_s)."
 )
-
-
-class FieldError(ValueError):
-    """A request field the model or the server's limits reject: a 422 naming ``loc``.
-
-    The body matches FastAPI's own validation errors, ``{"detail": [{"type", "loc", "msg",
-    "input", "ctx"}]}``, so a client handles both the same way.
-    """
-
-    def __init__(
-        self,
-        loc: Sequence[str | int],
-        msg: str,
-        *,
-        type: str = "value_error",
-        input: Any = None,
-        ctx: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(msg)
-        self.loc, self.msg, self.type, self.input, self.ctx = list(loc), msg, type, input, ctx
-
-    def detail(self) -> list[dict[str, Any]]:
-        item: dict[str, Any] = {"type": self.type, "loc": self.loc, "msg": self.msg}
-        item["input"] = excerpt(self.input)
-        if self.ctx is not None:
-            item["ctx"] = self.ctx
-        return [item]
-
-
-EXCERPT_CHARS = 200  # an error's ``input`` echoes at most this much of what was sent
-
-
-def excerpt(value: Any) -> Any:
-    """``value`` as an error's ``input``: as sent when its JSON is short, else the first
-    ``EXCERPT_CHARS`` characters of it, marked as cut. The JSON is written lazily and stops there,
-    so a large body costs nothing to refuse and is never echoed back whole."""
-    text, size = [], 0
-    for chunk in json.JSONEncoder(default=str).iterencode(value):
-        text.append(chunk)
-        size += len(chunk)
-        if size > EXCERPT_CHARS:
-            return "".join(text)[:EXCERPT_CHARS] + f" ... (cut at {EXCERPT_CHARS} characters)"
-    return value
-
-
-class BodyTooLarge(Exception):
-    """The request body is larger than ``max_body_bytes`` (declared or as streamed)."""
-
-    def __init__(self, limit: int, size: int | None) -> None:
-        seen = "" if size is None else f" (got at least {size} bytes)"
-        super().__init__(
-            f"request body exceeds max_body_bytes={limit} bytes{seen}; send fewer cells or genes."
-        )
-
-
-class BodyTimeout(Exception):
-    """The request body did not arrive within ``body_timeout_s``."""
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(
-            f"the request body did not arrive within body_timeout_s={timeout:g} s; send it "
-            "without pauses."
-        )
 
 
 class ModelNotServed(Exception):
@@ -100,20 +44,12 @@ class ModelNotServed(Exception):
         )
 
 
-class Unauthorized(Exception):
-    """Missing or wrong bearer API key."""
-
-
 class Draining(Exception):
     """The server is shutting down and takes no new work."""
 
 
 class NotReady(Exception):
     """/readyz: the engine is not running, or has work and has stopped stepping."""
-
-
-class ClientDisconnected(Exception):
-    """The client went away before its result was ready; its job was cancelled."""
 
 
 class DeadlineExceeded(Exception):
@@ -135,7 +71,6 @@ MAPPED: tuple[type[Exception], ...] = (
     BodyTooLarge,
     BodyTimeout,
     ModelNotServed,
-    Unauthorized,
     EngineFull,
     Overloaded,
     Draining,
@@ -154,7 +89,7 @@ MAPPED: tuple[type[Exception], ...] = (
 @dataclass(frozen=True)
 class HTTPFailure:
     status: int
-    detail: str | list[dict[str, Any]]
+    detail: Detail
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -177,8 +112,6 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(408, str(exc), {"Connection": "close"})
         case ModelNotServed():
             return HTTPFailure(404, str(exc))
-        case Unauthorized():
-            return HTTPFailure(401, str(exc), {"WWW-Authenticate": "Bearer"})
         case EngineFull():
             headers = _retry_after(getattr(exc, "retry_after", None))
             return HTTPFailure(
@@ -190,11 +123,7 @@ def http_error(exc: BaseException) -> HTTPFailure:
         case Overloaded():
             return HTTPFailure(429, str(exc), _retry_after(exc.retry_after))
         case Draining() | EngineStopped():
-            return HTTPFailure(
-                503,
-                "the server is shutting down and takes no new requests",
-                _retry_after(RETRY_DRAINING_S),
-            )
+            return HTTPFailure(503, DRAINING_DETAIL, _retry_after(RETRY_DRAINING_S))
         case NotReady():
             return HTTPFailure(503, str(exc), _retry_after(RETRY_DRAINING_S))
         case torch.OutOfMemoryError():

@@ -1,6 +1,7 @@
 """The OpenAPI schema as served: the generic one FastAPI builds from ``server.schemas``, with the
 server's real limits and the served model's names written in (``apply_limits``), and the API key
-described as it is (``apply_auth``), so clients, ``/docs`` and schemathesis see what can succeed.
+described as the guard checks it (``apply_auth``), so clients, ``/docs`` and schemathesis see what
+can succeed.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from typing import Any
 
 from sedd.checkpoints.schema import ModelConfig
 from server.config import Settings
+from server.http.guard import OPEN_PATHS
+
+BEARER = "HTTPBearer"  # the scheme's name, as FastAPI's own HTTPBearer names it
+BEARER_DESCRIPTION = "the server's SEDD_API_KEY, when it has one"
 
 
 def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
@@ -79,23 +84,26 @@ def _only_null(prop: dict[str, Any]) -> None:
 
 
 def apply_auth(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Say in the OpenAPI ``schema`` (in place; returned) what the API key really does: with no
-    key set, no operation is secured (no padlocks in /docs, no 401s); with one, every secured
-    operation lists its 401."""
+    """Say in the OpenAPI ``schema`` (in place; returned) what the API key really does. The key is
+    checked in one place, before routing (``server.http.guard``), on every path but its
+    ``OPEN_PATHS``; here those same paths are described: with a key set, every other operation
+    is secured by a bearer scheme and lists its 401 (padlocks in /docs); with none, no operation
+    is secured and none lists a 401."""
     keyed = settings.api_key is not None
     unauthorized = {"description": "missing or wrong API key", "content": _error_content()}
-    for path in schema.get("paths", {}).values():
+    for where, path in schema.get("paths", {}).items():
+        if where in OPEN_PATHS:
+            continue
         for operation in path.values():
-            if "security" not in operation:
-                continue
             responses = operation.setdefault("responses", {})
             if keyed:
+                operation["security"] = [{BEARER: []}]
                 responses.setdefault("401", unauthorized)
             else:
-                del operation["security"]
                 responses.pop("401", None)
-    if not keyed:
-        schema.get("components", {}).pop("securitySchemes", None)
+    if keyed:
+        schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+        schemes[BEARER] = {"type": "http", "scheme": "bearer", "description": BEARER_DESCRIPTION}
     return schema
 
 

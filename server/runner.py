@@ -25,6 +25,7 @@ from sedd.engine import JobCancelled, JobHandle, JobResult, StepProgress
 from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, SamplingOptions, plan
 from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError, Overloaded
+from server.http.errors import error_event
 from server.metrics import outcome_for_status
 from server.planning import PlannedJob, finite_or_zero
 from server.state import Service
@@ -234,7 +235,7 @@ async def stream_job(
             except Exception as exc:  # every failure becomes an error event, then the end
                 status, detail = error_body(exc)
                 request.scope["sedd.outcome"] = outcome_for_status(status)
-                yield sse_event("error", {"status": status, "detail": detail})
+                yield sse_event("error", error_event(status, detail))
                 return
             service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
             yield sse_event("result", encode(result))

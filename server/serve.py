@@ -5,7 +5,7 @@ refused") and waits for open connections without a limit of its own. ``DrainingS
 on the first SIGTERM or SIGINT:
 
 1. marks the service draining: the listener stays open and new requests get a JSON 503 with
-   ``Retry-After`` (``server.guard``), ``/readyz`` says not ready;
+   ``Retry-After`` (``server.http.guard``), ``/readyz`` says not ready;
 2. lets the requests in flight finish for up to ``drain_timeout_s`` (0 and values under 1 s are
    honoured as given);
 3. cuts the engine off: jobs still running are failed at once, without waiting for the step
@@ -29,7 +29,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.config import Settings
-from server.protocol import TimedH11Protocol
+from server.http.protocol import KEEP_ALIVE_S, TimedH11Protocol
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
@@ -115,7 +115,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app: FastAPI, settings: Settings) -> None:
     """Serve ``app`` until SIGTERM/SIGINT, then drain as described above. Connections speak
-    ``server.protocol.TimedH11Protocol`` (header and body timeouts, early answers closed, JSON
+    ``server.http.protocol.TimedH11Protocol`` (header and body timeouts, early answers closed, JSON
     400s and 503s, no WebSocket), ``max_connections`` of them admitted at once."""
     protocol = TimedH11Protocol.configured(
         header_timeout_s=settings.header_timeout_s,
@@ -128,7 +128,8 @@ def serve(app: FastAPI, settings: Settings) -> None:
         port=settings.port,
         log_level=settings.log_level,
         http=protocol,
-        ws="none",  # no WebSocket route: an Upgrade header is ignored (server.protocol)
+        ws="none",  # no WebSocket route: an Upgrade header is ignored (server.http.protocol)
+        timeout_keep_alive=KEEP_ALIVE_S,
         timeout_graceful_shutdown=EXIT_GRACE_S,
     )
     DrainingServer(config, app).run()

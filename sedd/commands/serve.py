@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             )
     logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:  %(message)s")
     if settings.replicas is not None:
-        from server import replicas
+        from server.ray import replicas
 
         replicas.run(settings)
         return 0

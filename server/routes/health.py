@@ -6,9 +6,9 @@ import time
 
 from fastapi import APIRouter
 
-from server.deps import AuthDep, ServiceDep
+from server.deps import ServiceDep
 from server.errors import NotReady
-from server.limits import LimitedRoute
+from server.http.limits import LimitedRoute
 from server.responses import ErrorBody, Health, Readiness
 
 router = APIRouter(route_class=LimitedRoute, tags=["health"])
@@ -23,7 +23,6 @@ async def healthz() -> Health:
 @router.get(
     "/readyz",
     response_model=Readiness,
-    dependencies=[AuthDep],
     responses={503: {"model": ErrorBody, "description": "not ready"}},
     summary="Readiness: the model is loaded and the engine is stepping or idle",
 )

@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from server.deps import AuthDep, ServiceDep
-from server.limits import LimitedRoute
+from server.deps import ServiceDep
+from server.http.limits import LimitedRoute
 from server.metrics import CONTENT_TYPE
 
-router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["metrics"])
+router = APIRouter(route_class=LimitedRoute, tags=["metrics"])
 
 
 @router.get(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from server.deps import AuthDep, ServiceDep
-from server.limits import LimitedRoute
+from server.deps import ServiceDep
+from server.http.limits import LimitedRoute
 from server.responses import ErrorBody, ModelCard, ModelList
 from server.state import Service
 
-router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["models"])
+router = APIRouter(route_class=LimitedRoute, tags=["models"])
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model's card")

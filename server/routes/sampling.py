@@ -15,16 +15,16 @@ from starlette.responses import Response
 
 from sedd.engine import JobResult
 from server import encoding, planning
-from server.deps import AuthDep, ServiceDep
+from server.deps import ServiceDep
 from server.errors import FieldError, http_error
 from server.events import stream_responses
-from server.limits import LimitedRoute
+from server.http.limits import LimitedRoute
 from server.responses import ErrorBody, GenerateResponse, ImputeResponse, PredictResponse
 from server.runner import run_job, stream_job
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
 from server.state import Service
 
-router = APIRouter(route_class=LimitedRoute, dependencies=[AuthDep], tags=["sampling"])
+router = APIRouter(route_class=LimitedRoute, tags=["sampling"])
 
 BodyFn = Callable[[Service, planning.PlannedJob, JobResult, str], dict[str, Any]]
 _ERRORS: dict[int | str, dict[str, Any]] = {

@@ -16,9 +16,9 @@ import uvicorn
 from server_client import free_port, make_settings
 from server_models import save_tiny_model
 
-import server.limits
+import server.http.limits
 from server.app import create_app
-from server.errors import EXCERPT_CHARS
+from server.http.errors import EXCERPT_CHARS
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _where(seen: list[bool]):
     """``parse_json_body`` that records whether it ran on a thread with an event loop."""
-    parse = server.limits.parse_json_body
+    parse = server.http.limits.parse_json_body
 
     def recording(body: bytes) -> object:
         try:
@@ -58,7 +58,7 @@ def test_a_large_body_is_parsed_off_the_event_loop_and_its_422_is_short(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     on_loop: list[bool] = []
-    monkeypatch.setattr(server.limits, "parse_json_body", _where(on_loop))
+    monkeypatch.setattr(server.http.limits, "parse_json_body", _where(on_loop))
     rows = 800_000  # 3.2 MB of counts, far more cells than a request may hold
     body = b'{"genes": ["GENE0"], "counts": [' + b",".join([b"[1]"] * rows) + b"]}"
     small = httpx.post(f"{url}/impute", json={"genes": ["GENE0"], "counts": [[1]], "steps": 2})

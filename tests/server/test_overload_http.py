@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 from server_client import free_port
 
-from server.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
+from server.http.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
 
 KEY = "overload-key"
 CAP = 16

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.metrics import ServiceMetrics, merge_replicas
-from server.proxy_errors import JsonProxyErrors, proxy_middlewares
+from server.ray.proxy_errors import JsonProxyErrors, proxy_middlewares
 
 pytestmark = pytest.mark.anyio
 App = Callable[[dict, Any, Any], Awaitable[None]]

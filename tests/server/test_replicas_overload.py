@@ -223,7 +223,7 @@ class FakeReplicas:
 def test_the_drain_cuts_what_is_left_at_its_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from server import replicas
+    from server.ray import replicas
 
     busy = FakeReplicas([1, 0])  # one request that outlives the drain
     monkeypatch.setattr(replicas, "_serve", lambda: busy)
@@ -236,7 +236,7 @@ def test_the_drain_cuts_what_is_left_at_its_timeout(monkeypatch: pytest.MonkeyPa
 def test_a_second_signal_ends_the_drain_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from server import replicas
+    from server.ray import replicas
 
     busy = FakeReplicas([2, 1])  # never drains by itself
     monkeypatch.setattr(replicas, "_serve", lambda: busy)

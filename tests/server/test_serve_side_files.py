@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from server_client import make_settings
 
 from sedd.cli import main
-from server.replicas import replica_app
+from server.ray.replicas import replica_app
 
 pytestmark = pytest.mark.anyio
 

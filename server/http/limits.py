@@ -3,11 +3,11 @@
 ``LimitedRoute`` checks the declared ``Content-Length`` first, then counts bytes as the body
 streams in (a chunked upload declares no length) and stops reading at ``max_body_bytes``; an
 upload that stalls past ``body_timeout_s`` is answered 408 and dropped; one whose client hangs up
-is logged in one line and counted as cancelled (499, never sent). A JSON body is then parsed
-by ``server.jsonbody`` (duplicate keys, lone surrogates, deep nesting and huge numbers are 422s
+is logged in one line and counted as cancelled (499, never sent). A JSON body is then parsed by
+``server.http.jsonbody`` (duplicate keys, lone surrogates, deep nesting and huge numbers are 422s
 naming the place; a large body in a worker thread, off the event loop) and handed to FastAPI
-already parsed. Errors raised here reach the app's one
-mapping.
+already parsed. Errors raised here (``server.http.errors``) reach the app's one mapping. The two
+limits are the app's settings (``request.app.state.settings``), read per request.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from server.errors import BodyTimeout, BodyTooLarge, ClientDisconnected
-from server.jsonbody import parse_json_body
+from server.http.errors import BodyTimeout, BodyTooLarge, ClientDisconnected
+from server.http.jsonbody import parse_json_body
 
 log = logging.getLogger("sedd.server")
 

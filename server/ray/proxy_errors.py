@@ -5,12 +5,13 @@ plain text or as nothing at all: a replica that died with the request on it (the
 response, and the server writes a bare 500), Ray's back-pressure when every replica's queue is
 full (503), and Ray's own shutdown or an application that is not running (503).
 ``proxy_middlewares`` (named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, which
-``server.replicas`` sets before Ray starts) wraps the proxy so that back-pressure becomes our
+``server.ray.replicas`` sets before Ray starts) wraps the proxy so that back-pressure becomes our
 JSON 429 with ``Retry-After``, and every other such failure a JSON 503 with ``Retry-After`` that
 says to retry: the request did not finish, and another replica (or the restarted one) will take
 it. A ``.../stream`` response whose replica dies after its events began cannot change its status:
 it ends with an ``error`` event (JSON data, status 503, a detail that says to retry) instead of a
-cut-off body. This module imports nothing heavy: it runs in the proxy's process.
+cut-off body. Every body is written by ``server.http.errors``, as the app's own are. This module
+imports nothing heavy: it runs in the proxy's process.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import json
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-IMPORT_PATH = "server.proxy_errors.proxy_middlewares"
+from server.http.errors import error_event, send_error
+
+IMPORT_PATH = "server.ray.proxy_errors.proxy_middlewares"
 RETRY_AFTER_S = 1
 FAILED = (
     "the replica serving this request stopped before it finished, or the service is starting "
@@ -36,8 +39,8 @@ FULL = "every replica's request queue is full (max_queued_jobs); retry after {s}
 def proxy_middlewares() -> list[Middleware]:
     """What Ray's proxy calls at start-up, before it builds its HTTP server: the middlewares it
     wraps itself in. Its connections get one process's protections here too
-    (``server.proxy_http``)."""
-    from server import proxy_http
+    (``server.ray.proxy_http``)."""
+    from server.ray import proxy_http
 
     if proxy_http.in_rays_proxy():  # never in a process of ours (e.g. a test's)
         proxy_http.install()
@@ -108,7 +111,7 @@ class _Stream:
 async def _end_stream(send: Send) -> None:
     """End an SSE stream that its replica left unfinished with an ``error`` event (the app's
     own ``ErrorEvent``: status and detail), so the client reads why instead of a cut body."""
-    data = json.dumps({"status": 503, "detail": STREAM_LOST}, separators=(",", ":"))
+    data = json.dumps(error_event(503, STREAM_LOST), separators=(",", ":"))
     event = f"event: error\ndata: {data}\n\n".encode()
     await send({"type": "http.response.body", "body": event, "more_body": False})
 
@@ -135,11 +138,4 @@ def _translate(start: Message, body: bytes) -> tuple[int, str, int]:
 
 
 async def _answer(send: Send, status: int, detail: str, retry_after: int) -> None:
-    payload = json.dumps({"detail": detail}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        (b"retry-after", str(retry_after).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
+    await send_error(send, status, detail, {"Retry-After": str(retry_after)})

@@ -14,7 +14,7 @@ Sizing:
   batching) is twice the app's ``max_queued_jobs``: a replica takes requests past its own queue
   and refuses them itself with the app's JSON 429. Ray's proxy holds at most
   ``max_queued_jobs`` more per replica, then answers with back-pressure, which
-  ``server.proxy_errors`` turns into the same JSON 429 with ``Retry-After``.
+  ``server.ray.proxy_errors`` turns into the same JSON 429 with ``Retry-After``.
 - ``--gpus-per-replica`` (fractions allowed) and ``--cpus-per-replica`` reserve Ray resources;
   each replica's torch uses ``--threads-per-replica`` threads (default: its CPUs).
 - Without ``--ray-address`` a local Ray is started with its object store capped (Ray takes 30%
@@ -25,7 +25,7 @@ drain (Ray's broadcast), so new requests get the app's JSON 503 with ``Retry-Aft
 requests in flight finish for up to ``drain_timeout_s``; then the jobs still running are failed
 with JSON 503s, and Serve (and a Ray started here) shut down. A second signal cuts off at once.
 
-Connections are Ray's proxy's, and get one process's protections there (``server.proxy_http``):
+Connections are Ray's proxy's, and get one process's protections there (``server.ray.proxy_http``):
 the header timeout, body deadline, ``max_connections`` cap (per proxy) and JSON 400s.
 
 Nothing in this module is imported by a plain ``sedd serve``: Ray is optional.
@@ -45,10 +45,11 @@ import torch
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server import proxy_errors, proxy_http
 from server.app import create_app
 from server.config import Settings
+from server.http.protocol import KEEP_ALIVE_S
 from server.metrics import merge_replicas
+from server.ray import proxy_errors, proxy_http
 
 log = logging.getLogger("sedd.server")
 APP_NAME = "sedd"
@@ -56,7 +57,6 @@ OBJECT_STORE_BYTES = 256 * 2**20  # Ray's minimum is 75 MiB; our payloads are sm
 EXIT_GRACE_S = 3.0  # after the drain's cut: time for the cut requests' 503s to be answered
 POLL_S = 0.1  # the drain asks the replicas for their in-flight counts this often
 BROADCAST_TIMEOUT_S = 10.0
-KEEP_ALIVE_S = 5  # uvicorn's default, one process's
 
 
 class RayMissing(ValueError):
@@ -220,7 +220,7 @@ def run(settings: Settings) -> None:
     # the proxy's own plain-text errors become JSON 503s that say to retry (a local Ray
     # inherits this; a cluster started with `ray start` needs it in its environment)
     os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", proxy_errors.IMPORT_PATH)
-    # ... which also gives the proxy's connections one process's limits (server.proxy_http)
+    # ... which also gives the proxy's connections one process's limits (server.ray.proxy_http)
     os.environ.update(proxy_http.environment(settings))
     started_ray = settings.ray_address is None
     if started_ray:
@@ -257,7 +257,7 @@ def run(settings: Settings) -> None:
 
 
 def http_options(settings: Settings) -> dict[str, Any]:
-    """Ray's proxy options: where it listens, and idle connections closed after uvicorn's 5 s
+    """Ray's proxy options: where it listens, and idle connections closed after ``KEEP_ALIVE_S``
     as in one process (Ray's 90 s would meet the header timeout first, and its 408)."""
     return {"host": settings.host, "port": settings.port, "keep_alive_timeout_s": KEEP_ALIVE_S}
 

@@ -1,13 +1,13 @@
 """The connection protections of one process, in Ray Serve's HTTP proxy (``--replicas``).
 
-A plain ``sedd serve`` speaks ``server.protocol.TimedH11Protocol``: a header timeout, a body
+A plain ``sedd serve`` speaks ``server.http.protocol.TimedH11Protocol``: a header timeout, a body
 deadline, early answers closed, a connection cap and JSON 400s. Behind Ray Serve (2.60) the
 connections are the proxy's: it runs its own uvicorn server with uvicorn's default protocol and
 offers no setting for it. What it does offer is one call into our code in its process before that
 server is built: the HTTP proxy callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``,
-``server.proxy_errors.proxy_middlewares``). ``install`` runs there and names our protocol as
+``server.ray.proxy_errors.proxy_middlewares``). ``install`` runs there and names our protocol as
 uvicorn's ``auto`` protocol in that process (Ray's proxy passes no ``http=`` of its own, so its
-server loads ours), with the limits of the ``SEDD_*`` variables ``server.replicas`` sets from
+server loads ours), with the limits of the ``SEDD_*`` variables ``server.ray.replicas`` sets from
 the settings before it starts a local Ray:
 
 * ``SEDD_HEADER_TIMEOUT_S``: a head not complete in time gets a JSON 408 and is closed;
@@ -30,7 +30,7 @@ import sys
 import uvicorn.config
 
 from server.config import Settings
-from server.protocol import TimedH11Protocol
+from server.http.protocol import TimedH11Protocol
 
 log = logging.getLogger("sedd.server")
 LIMITS = ("header_timeout_s", "body_timeout_s", "max_connections")
@@ -72,5 +72,5 @@ def install() -> type[TimedH11Protocol]:
     if PROTOCOL is None:
         PROTOCOL = TimedH11Protocol.configured(**limits())  # type: ignore[arg-type]
         uvicorn.config.HTTP_PROTOCOLS["auto"] = f"{__name__}:PROTOCOL"
-        log.info("Ray's proxy speaks server.protocol with %s", limits())
+        log.info("Ray's proxy speaks server.http.protocol with %s", limits())
     return PROTOCOL

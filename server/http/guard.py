@@ -13,25 +13,15 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import RETRY_DRAINING_S
+from server.http.errors import DRAINING_DETAIL, RETRY_DRAINING_S, send_error
 
 OPEN_PATHS = frozenset({"/healthz"})  # liveness probes carry no key
 UNCOUNTED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # never waited for
-DRAINING_DETAIL = "the server is shutting down and takes no new requests"
-
-
-async def _answer(send: Send, status: int, detail: str, headers: dict[str, str]) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -72,11 +62,11 @@ class GuardMiddleware:
             return
         problem = self._key_problem(scope)
         if problem is not None:
-            await _answer(send, 401, problem, {"WWW-Authenticate": "Bearer"})
+            await send_error(send, 401, problem, {"WWW-Authenticate": "Bearer"})
             return
         counted = scope["path"] not in UNCOUNTED_PATHS
         if counted and self._draining():
-            await _answer(send, 503, DRAINING_DETAIL, {"Retry-After": str(RETRY_DRAINING_S)})
+            await send_error(send, 503, DRAINING_DETAIL, {"Retry-After": str(RETRY_DRAINING_S)})
             return
         self.state.in_flight += counted
         try:

@@ -6,7 +6,8 @@
   runs between requests, and any byte cancels it);
 * **a body deadline**: a request body must have arrived ``body_timeout_s`` (plus
   ``BODY_GRACE_S``) after its head, however slowly it drips; the route's own JSON 408
-  (``server.limits``) normally comes first, and this closes a connection whose body nothing reads;
+  (``server.http.limits``) normally comes first, and this closes a connection whose body
+  nothing reads;
 * **early answers close the connection**: a response sent before its request's body has arrived
   (a 401, 404, 405, 408 or 413 answered from the head) says ``Connection: close``, and the
   connection is closed: the rest of the body is read and dropped for ``LINGER_S`` at most, so the
@@ -19,18 +20,21 @@
   connections, the refused ones included, was at the cap.);
 * **JSON protocol errors**: a request h11 cannot parse (a NUL in a header, a bad
   Content-Length), and one with both Content-Length and Transfer-Encoding (RFC 9112 section 6.3;
-  h11 alone takes the chunked body), gets ``{"detail": ...}`` with its 400 and is closed;
+  h11 alone takes the chunked body), gets the service's JSON error body with its 400 and is
+  closed;
 * **no WebSocket**: the service has no WebSocket route, so an ``Upgrade`` header is ignored
   (RFC 9110 section 7.8) and the request answered over HTTP/1.1 like any other, in JSON (uvicorn
   would hand it to a WebSocket protocol that refuses it with a plain-text 403).
 
-Idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive`` (5 s).
+Idle keep-alive connections are closed by uvicorn after ``KEEP_ALIVE_S`` (``timeout_keep_alive``;
+Ray's proxy is given the same). The limits themselves (``header_timeout_s``, ``body_timeout_s``,
+``max_connections``) are the settings' (``server.config.Settings``), given to ``configured``;
+every error body is written by ``server.http.errors``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any, ClassVar
 
@@ -39,16 +43,16 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from server.http.errors import body_timeout_detail, raw_error
+
 log = logging.getLogger("sedd.server")
 LINGER_S = 2.0  # after an early answer: the most time the rest of its body is read and dropped
 BODY_GRACE_S = 1.0  # the route's own body timeout answers first
 RETRY_FULL_S = 1  # Retry-After of a connection refused at the cap
+KEEP_ALIVE_S = 5  # idle keep-alive connections are closed after this (uvicorn's default)
 HEAD_TIMEOUT_DETAIL = (
     "the request head did not arrive within {s:g} s (header_timeout_s); send the request line "
     "and headers without pausing"
-)
-BODY_TIMEOUT_DETAIL = (
-    "the request body did not arrive within body_timeout_s={s:g} s; send it without pauses."
 )
 FULL_DETAIL = (
     "the server has max_connections={cap} connections open; retry after {s} s, or reuse an "
@@ -57,16 +61,6 @@ FULL_DETAIL = (
 BOTH_LENGTHS = (
     "a request may not carry both Content-Length and Transfer-Encoding (RFC 9112 section 6.3)"
 )
-
-
-def _json_response(status: int, reason: str, detail: str, *headers: str) -> bytes:
-    body = json.dumps({"detail": detail}).encode()
-    extra = "".join(f"{header}\r\n" for header in headers)
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n{extra}connection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 def _framed_twice(request: h11.Request) -> bool:
@@ -129,13 +123,14 @@ class SoftClosingTransport:
 
 
 class TimedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the timeouts, closes, cap and JSON answers above (one server's
-    limits are set on a subclass by ``configured``)."""
+    """uvicorn's h11 protocol with the timeouts, closes, cap and JSON answers above. It has no
+    limits of its own: one server's, from its settings, are set on a subclass by ``configured``
+    (the class uvicorn is given)."""
 
-    header_timeout_s: ClassVar[float] = 10.0
-    body_timeout_s: ClassVar[float] = 30.0
-    max_connections: ClassVar[int | None] = None
-    admitted: ClassVar[set[TimedH11Protocol]] = set()  # the connections within the cap
+    header_timeout_s: ClassVar[float]
+    body_timeout_s: ClassVar[float]
+    max_connections: ClassVar[int | None]
+    admitted: ClassVar[set[TimedH11Protocol]]  # the connections within the cap
 
     @classmethod
     def configured(
@@ -196,7 +191,7 @@ class TimedH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         problem = self.conn.problem or msg.rstrip(".")
         detail = f"the request is not valid HTTP/1.1 ({problem}); nothing was run"
-        self._raw.write(_json_response(400, "Bad Request", detail))
+        self._raw.write(raw_error(400, "Bad Request", detail))
         self._linger()
 
     def _should_upgrade(self) -> bool:
@@ -237,7 +232,7 @@ class TimedH11Protocol(H11Protocol):
     def _refuse(self) -> None:
         log.warning("refused a request: max_connections=%d connections open", self.max_connections)
         detail = FULL_DETAIL.format(cap=self.max_connections, s=RETRY_FULL_S)
-        answer = _json_response(503, "Service Unavailable", detail, f"retry-after: {RETRY_FULL_S}")
+        answer = raw_error(503, "Service Unavailable", detail, f"retry-after: {RETRY_FULL_S}")
         self._raw.write(answer)
         self._linger()
 
@@ -270,7 +265,7 @@ class TimedH11Protocol(H11Protocol):
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
             return  # a request is under way: its own limits apply
         detail = HEAD_TIMEOUT_DETAIL.format(s=self.header_timeout_s)
-        self._raw.write(_json_response(408, "Request Timeout", detail))
+        self._raw.write(raw_error(408, "Request Timeout", detail))
         self._raw.close()
 
     def _body_expired(self) -> None:
@@ -282,6 +277,6 @@ class TimedH11Protocol(H11Protocol):
         if cycle is not None and not cycle.response_started:  # the app's answer is dropped
             cycle.disconnected = True
             cycle.message_event.set()
-            detail = BODY_TIMEOUT_DETAIL.format(s=self.body_timeout_s)
-            self._raw.write(_json_response(408, "Request Timeout", detail))
+            detail = body_timeout_detail(self.body_timeout_s)
+            self._raw.write(raw_error(408, "Request Timeout", detail))
         self._linger()

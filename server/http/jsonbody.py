@@ -4,8 +4,9 @@ Python's ``json`` accepts what a careful API should refuse or cannot answer well
 (a generic 400), duplicate keys (the last silently wins), lone surrogates such as ``"\\ud800"``
 (they fail later, in an encoder, naming no field), nesting deep enough to exhaust the parser,
 integers thousands of digits long and the non-JSON constants ``NaN`` / ``Infinity``. Here each is
-refused with a FastAPI-style validation error (``server.errors.FieldError``) whose ``loc`` names
-the field (``["body", "temperature"]``), or the byte position where the text itself is broken.
+refused with a FastAPI-style validation error (``server.http.errors.FieldError``) whose ``loc``
+names the field (``["body", "temperature"]``), or the byte position where the text itself is
+broken.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import re
 from typing import Any
 
-from server.errors import FieldError
+from server.http.errors import FieldError
 
 MAX_DEPTH = 32  # request bodies nest 3 deep; anything deeper is not a request
 MAX_INT_DIGITS = 40  # 2**63 has 19 digits
