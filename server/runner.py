@@ -5,6 +5,10 @@ awaited through ``asyncio.wrap_future``. While waiting, the client connection an
 are watched (the ASGI disconnect message, and a timeout at the deadline): a client that went away
 gets its job cancelled (its rows leave the batch at the next step), and a job past its deadline is
 cancelled and answered 504 even if the engine has not noticed yet.
+
+Both kinds of route take one path, ``job_events``: the event streams send its events as they
+come, and the JSON routes drain it for the result, as TGI's ``generate`` drains
+``generate_stream``; so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -180,15 +184,77 @@ async def _wait(
         gone.cancel()
 
 
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """The job was accepted (the first event)."""
+
+    job_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """The job finished (the last event)."""
+
+    result: JobResult
+
+
+JobEvent = Queued | StepProgress | Done
+
+
+async def job_events(
+    service: Service, planned: PlannedJob, request: Request, route: str, *, progress: bool = True
+) -> tuple[JobHandle, AsyncGenerator[JobEvent, None]]:
+    """Submit now (so a full queue is a plain 429 on either route) and return the job's events:
+    ``Queued``, a ``StepProgress`` per step (with ``progress``), then ``Done``, after which its
+    queue time is recorded. A failure is raised from the iterator (the client gone, the deadline
+    passed, the engine's errors), for the route to answer. The one path of both routes: the JSON
+    route drains it (``run_job``), the event stream sends it (``stream_job``)."""
+    loop = asyncio.get_running_loop()
+    updates: asyncio.Queue[StepProgress] = asyncio.Queue()
+
+    def on_progress(update: StepProgress) -> None:  # engine thread
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            loop.call_soon_threadsafe(updates.put_nowait, update)
+
+    handle = submit(service, planned, on_progress if progress else None)
+
+    async def events() -> AsyncGenerator[JobEvent, None]:
+        waiter = asyncio.ensure_future(_wait(service, handle, request, planned))
+        getter: asyncio.Future[StepProgress] | None = None
+        try:
+            yield Queued(str(handle.job_id))
+            while not waiter.done() or not updates.empty():
+                getter = asyncio.ensure_future(updates.get())
+                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                else:
+                    getter.cancel()
+            result = waiter.result()  # raises the job's failure
+            service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
+            yield Done(result)
+        finally:
+            if getter is not None and not getter.done():
+                getter.cancel()
+            if not waiter.done():  # abandoned: the client went away mid-stream, or the request
+                request.scope["sedd.outcome"] = "cancelled"  # was cancelled; so is its job
+                waiter.cancel()
+                handle.cancel()
+
+    return handle, events()
+
+
 async def run_job(
     service: Service, planned: PlannedJob, request: Request, route: str
 ) -> tuple[str, JobResult]:
-    """Submit, await and record queue time; returns (job id, result). Engine errors propagate
-    to the app's one mapping (``server.errors.http_error``)."""
-    handle = submit(service, planned)
-    result = await _wait(service, handle, request, planned)
-    service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
-    return str(handle.job_id), result
+    """The JSON routes: ``job_events`` drained (no progress), as an event stream would be; returns
+    (job id, result). Failures propagate to the app's one mapping (``server.errors.http_error``)."""
+    handle, events = await job_events(service, planned, request, route, progress=False)
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, Done):
+                return str(handle.job_id), event.result
+    raise AssertionError("a job's events end with Done or raise")  # never reached
 
 
 def sse_event(event: str, data: Any) -> str:
@@ -204,48 +270,34 @@ async def stream_job(
     encode: Callable[[JobResult], Any],
     error_body: Callable[[BaseException], tuple[int, Any]],
 ) -> tuple[JobHandle, AsyncIterator[str]]:
-    """Submit now (so a full queue is a plain 429) and return the event stream.
+    """``job_events`` as server-sent events (submitted now, so a full queue is a plain 429).
 
     Events: ``queued`` once, ``progress`` per step ({step, steps, rows, fraction_masked}),
     then ``result`` (the same body as the JSON route) or ``error`` ({status, detail}).
     """
-    loop = asyncio.get_running_loop()
-    progress: asyncio.Queue[StepProgress] = asyncio.Queue()
+    handle, events = await job_events(service, planned, request, route)
 
-    def on_progress(update: StepProgress) -> None:  # engine thread
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
-            loop.call_soon_threadsafe(progress.put_nowait, update)
-
-    handle = submit(service, planned, on_progress)
-
-    async def events() -> AsyncIterator[str]:
-        waiter = asyncio.ensure_future(_wait(service, handle, request, planned))
+    async def sse() -> AsyncIterator[str]:
         try:
-            yield sse_event("queued", {"job_id": str(handle.job_id)})
-            while not waiter.done() or not progress.empty():
-                getter = asyncio.ensure_future(progress.get())
-                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    update = getter.result()
-                    yield sse_event("progress", _progress_dict(update))
+            while True:
+                try:
+                    event = await anext(events)
+                except Exception as exc:  # every failure becomes an error event, then the end
+                    status, detail = error_body(exc)
+                    request.scope["sedd.outcome"] = outcome_for_status(status)
+                    yield sse_event("error", error_event(status, detail))
+                    return
+                if isinstance(event, Done):
+                    yield sse_event("result", encode(event.result))
+                    return
+                if isinstance(event, Queued):
+                    yield sse_event("queued", {"job_id": event.job_id})
                 else:
-                    getter.cancel()
-            try:
-                result = waiter.result()
-            except Exception as exc:  # every failure becomes an error event, then the end
-                status, detail = error_body(exc)
-                request.scope["sedd.outcome"] = outcome_for_status(status)
-                yield sse_event("error", error_event(status, detail))
-                return
-            service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
-            yield sse_event("result", encode(result))
+                    yield sse_event("progress", _progress_dict(event))
         finally:
-            if not waiter.done():  # the client went away mid-stream: its job is cancelled
-                request.scope["sedd.outcome"] = "cancelled"
-                waiter.cancel()
-                handle.cancel()
+            await events.aclose()  # a client gone mid-stream: its job is cancelled there
 
-    return handle, events()
+    return handle, sse()
 
 
 def _progress_dict(update: StepProgress) -> dict[str, Any]:
