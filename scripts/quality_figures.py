@@ -24,7 +24,8 @@ import numpy as np
 
 from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
-from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL
+from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL, SamplingOptions
+from sedd.engine import EngineSettings
 from sedd.eval.metrics import (
     energy_distance,
     evaluate_counts,
@@ -60,14 +61,11 @@ def main() -> int:
     real = held.test
 
     def run(steps: int, precision: str, seed: int) -> np.ndarray:
-        request = GenerationRequest(
-            cells_per_condition=1,
-            conditions=tuple(labels),
-            steps=steps,
-            seed=seed,
-            batch_size=args.batch_size,
+        request = GenerationRequest(1, tuple(labels), None, SamplingOptions(steps, seed=seed))
+        settings = EngineSettings(batch_size=args.batch_size)
+        result = run_plan(
+            plan(loaded, request), resolve_precision(precision, loaded.device), settings=settings
         )
-        result = run_plan(plan(loaded, request), resolve_precision(precision, loaded.device))
         print(
             f"  {precision} steps={steps} seed={seed}: {result.stats['cells']} cells in "
             f"{result.stats['seconds']:.1f} s"

@@ -4,7 +4,7 @@
     model = sedd.load()                     # the bundled PBMC model, or a path
     cells = model.generate(100, condition="CD14+ Monocyte", seed=0)   # AnnData
 
-``load``, ``Model`` and ``SamplingOptions`` come from ``sedd.api`` and ``sedd.request.plan``;
+``load``, ``Model`` and ``SamplingOptions`` come from ``sedd.api`` and ``sedd.defaults``;
 they are imported on first use, so ``import sedd`` (and the ``sedd`` command line) stays fast.
 """
 
@@ -14,11 +14,11 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from sedd.api import Model, load
-    from sedd.request.plan import SamplingOptions
+    from sedd.defaults import SamplingOptions
 
 __version__ = "0.1.0"
 __all__ = ["Model", "SamplingOptions", "__version__", "load"]
-_LAZY = {"load": "sedd.api", "Model": "sedd.api", "SamplingOptions": "sedd.request.plan"}
+_LAZY = {"load": "sedd.api", "Model": "sedd.api", "SamplingOptions": "sedd.defaults"}
 
 
 def __getattr__(name: str) -> object:

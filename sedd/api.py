@@ -27,10 +27,15 @@ import torch
 
 from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
-from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, default_device
+from sedd.defaults import (
+    CELLS_PER_PERTURBATION,
+    DEFAULT_BATCH_SIZE,
+    SamplingOptions,
+    default_device,
+)
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
-from sedd.diffusion.sampling import Predictor, Sampler
-from sedd.engine import block_rows_for, model_sampler
+from sedd.diffusion.sampling import Sampler
+from sedd.engine import EngineSettings, forward_rows, model_sampler
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import label_mix, perturbation_conditions
@@ -42,10 +47,25 @@ from sedd.request.imputation import (
     imputation_from_anndata,
     with_cell_types,
 )
-from sedd.request.plan import GenerationRequest, SamplingOptions, plan
+from sedd.request.plan import GenerationRequest, plan
 from sedd.request.provenance import run_provenance
 
 __all__ = ["Model", "load"]
+
+
+def sampling_of(sampling: SamplingOptions | None, options: dict[str, Any]) -> SamplingOptions:
+    """A method's sampling options: its ``sampling`` value, or one made from its keywords
+    (``SamplingOptions.resolve``: an unknown or invalid one raises ``OptionError``)."""
+    if sampling is None:
+        return SamplingOptions.resolve(**options)
+    if options:
+        raise ValueError(
+            f"pass `sampling` or sampling options by keyword ({', '.join(sorted(options))}), "
+            "not both."
+        )
+    if not isinstance(sampling, SamplingOptions):
+        raise TypeError(f"`sampling` must be a sedd.SamplingOptions, got {sampling!r}.")
+    return sampling
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -193,23 +213,21 @@ class Model:
         like: anndata.AnnData | str | Path | None = None,
         condition_key: str | None = None,
         cell_type: str | None = None,
-        steps: int | None = None,
-        time_grid: TimeGrid | None = None,
-        sampler: Predictor = "euler",
-        temperature: float = 1.0,
-        seed: int = 0,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
+        **options: Any,
     ) -> anndata.AnnData:
         """``num_cells`` cells per condition.
 
-        ``steps`` and ``time_grid`` left out give the library's default schedule; ``steps``
-        alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``. A
-        ``sampling`` value (``SamplingOptions.resolve(...)``), when given, replaces ``steps``,
-        ``time_grid``, ``sampler``, ``temperature``, ``seed`` and ``batch_size``. ``progress``:
-        a progress bar of whole cells (None: shown in notebooks, IPython and terminals; every
-        method takes it).
+        Sampling options, by keyword (every method takes them): the fields of
+        ``sedd.SamplingOptions``, ``steps``, ``time_grid``, ``sampler`` ("euler" or
+        "analytic"), ``temperature`` and ``seed``; or one ``sampling=SamplingOptions.resolve(...)``
+        value instead. ``steps`` and ``time_grid`` left out give the library's default schedule;
+        ``steps`` alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``.
+        An invalid option raises ``sedd.defaults.OptionError`` (a ``ValueError``) naming it.
+        ``batch_size``: cells in flight (memory; never a cell). ``progress``: a progress bar of
+        whole cells (None: shown in notebooks, IPython and terminals; every method takes it).
 
         ``condition``: a name or a list of names (conditional models only); ``None`` means every
         condition the model knows. ``like``: instead of ``num_cells`` and ``condition``, an
@@ -218,22 +236,19 @@ class Model:
         ``sedd generate --conditions ... --cells N --seed S`` (``--like FILE``) and the server's
         ``/generate`` for the same parameters.
         """
-        sampling = sampling or SamplingOptions.resolve(
-            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
-            batch_size=batch_size,
-        )  # fmt: skip
+        sampling = sampling_of(sampling, options)
         if like is not None:
             if num_cells is not None or condition is not None:
                 raise ValueError("pass `like` or `num_cells`/`condition`, not both.")
             names, counts = label_mix(self.loaded, like, condition_key)
             request = self._request(1, names, cell_type, sampling, condition_counts=counts)
-            return self._run(request, progress)
+            return self._run(request, progress, batch_size)
         if num_cells is None:
             raise ValueError("`num_cells` must be given (cells per condition), or `like`.")
         names = [condition] if isinstance(condition, str) else condition
         if names is None and self.loaded.conditional:
             names = self.conditions
-        return self._run(self._request(num_cells, names, cell_type, sampling), progress)
+        return self._run(self._request(num_cells, names, cell_type, sampling), progress, batch_size)
 
     @_warns_at_caller
     def predict(
@@ -244,14 +259,10 @@ class Model:
         include_control: bool = True,
         control: str | None = None,
         cell_type: str | None = None,
-        steps: int | None = None,
-        time_grid: TimeGrid | None = None,
-        sampler: Predictor = "euler",
-        temperature: float = 1.0,
-        seed: int = 0,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
+        **options: Any,
     ) -> anndata.AnnData:
         """``cells_per_perturbation`` cells under each perturbation (default 10, st3's
         ``--num_samples_per_pert``, as ``sedd predict`` and HTTP /predict), plus as many control
@@ -261,12 +272,9 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        sampling = sampling or SamplingOptions.resolve(
-            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
-            batch_size=batch_size,
-        )  # fmt: skip
+        sampling = sampling_of(sampling, options)
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
-        return self._run(request, progress)
+        return self._run(request, progress, batch_size)
 
     @_warns_at_caller
     def impute(
@@ -278,16 +286,12 @@ class Model:
         condition_key: str | None = None,
         cell_type: str | None = None,
         cell_type_key: str | None = None,
-        steps: int | None = None,
-        time_grid: TimeGrid | None = None,
-        sampler: Predictor = "euler",
-        temperature: float = 1.0,
-        seed: int = 0,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         clip: bool = False,
         n_samples: int = 1,
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
+        **options: Any,
     ) -> anndata.AnnData:
         """Sample the genes ``adata`` does not observe, keeping the counts it does.
 
@@ -318,10 +322,7 @@ class Model:
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
         imputation = with_cell_types(self.loaded, imputation, cell_type_key=cell_type_key)
         dropped_genes_warning(imputation)
-        sampling = sampling or SamplingOptions.resolve(
-            steps, time_grid, sampler=sampler, temperature=temperature, seed=seed,
-            batch_size=batch_size,
-        )  # fmt: skip
+        sampling = sampling_of(sampling, options)
         conditions, counts = imputation_conditions(
             self.loaded, imputation, condition, condition_key
         )
@@ -329,7 +330,7 @@ class Model:
         request = self._request(
             cells, conditions, cell_type, sampling, imputation, counts, n_samples=n_samples
         )
-        return self._run(request, progress)
+        return self._run(request, progress, batch_size)
 
     def _request(
         self,
@@ -342,36 +343,41 @@ class Model:
         *,
         n_samples: int = 1,
     ) -> GenerationRequest:
-        """The library's one request type, with this model's forward block."""
-        return GenerationRequest.of(
-            cells_per_condition, conditions, cell_type, sampling,
-            tokens_per_forward=self.tokens_per_forward, cuda_graphs=self.cuda_graphs,
-            imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
+        """The library's one request type."""
+        return GenerationRequest(
+            cells_per_condition, tuple(conditions or ()), cell_type, sampling,
+            imputation=imputation,
+            condition_counts=None if condition_counts is None else tuple(condition_counts),
+            n_samples=n_samples,
         )  # fmt: skip
 
-    def _sampler(self, request: GenerationRequest) -> Sampler:
-        """This model's sampler for ``request``'s forward block, built on first use."""
-        config, device = self.loaded.config, self.loaded.device
-        rows = block_rows_for(config.num_genes, device, request.tokens_per_forward)
-        graphs = cuda_graphs_from_env() if request.cuda_graphs is None else request.cuda_graphs
+    def _sampler(self, settings: EngineSettings) -> Sampler:
+        """This model's sampler for the settings' forward block, built on first use."""
+        rows = forward_rows(self.loaded, settings.tokens_per_forward)  # what model_sampler runs
+        graphs = cuda_graphs_from_env() if settings.cuda_graphs is None else settings.cuda_graphs
         key = (self.policy, rows, graphs)
         if key not in self._samplers:
             self._samplers[key] = model_sampler(
                 self.loaded, self.policy,
-                tokens_per_forward=request.tokens_per_forward, cuda_graphs=graphs,
+                tokens_per_forward=settings.tokens_per_forward, cuda_graphs=graphs,
             )  # fmt: skip
         return self._samplers[key]
 
-    def _run(self, request: GenerationRequest, progress: bool | None) -> anndata.AnnData:
+    def _run(
+        self, request: GenerationRequest, progress: bool | None, batch_size: int
+    ) -> anndata.AnnData:
         planned = plan(self.loaded, request)
-        sampler = self._sampler(request)
+        settings = EngineSettings(batch_size, self.tokens_per_forward, self.cuda_graphs)
+        sampler = self._sampler(settings)
         graphs = self._graphs_lock if sampler.graphs.enabled else contextlib.nullcontext()
         show = interactive() if progress is None else progress
         draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
-        bar = progress_bar(draws, request.steps, "sampling") if show else None
+        bar = progress_bar(draws, request.sampling.steps, "sampling") if show else None
         with graphs, bar or contextlib.nullcontext() as on_progress:
-            result = run_plan(planned, self.policy, on_progress=on_progress, sampler=sampler)
-        uns = run_provenance(self.loaded, request, self.policy, result.stats)
+            result = run_plan(
+                planned, self.policy, on_progress=on_progress, sampler=sampler, settings=settings
+            )
+        uns = run_provenance(self.loaded, request, self.policy, result.stats, engine=result.engine)
         mean = result.mean_of_draws
         layers = None if mean is None else {MEAN_LAYER: mean}
         return cells_anndata(

@@ -10,13 +10,23 @@ that learned stronger dependence between genes may need more steps: measure it t
 
 from __future__ import annotations
 
+import math
+import numbers
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 TimeGrid = Literal["uniform", "cosine"]
 TIME_GRIDS: tuple[str, ...] = get_args(TimeGrid)
+# the reverse step: Euler, or analytic (Tweedie tau-leaping); ``sedd.diffusion.sampling``
+Predictor = Literal["euler", "analytic"]
+PREDICTORS: tuple[str, ...] = get_args(Predictor)
+MAX_SEED = 2**63 - 1  # seeds are int64 Philox keys (``sedd.diffusion.randomness``)
+MAX_STEPS = 2**32 - 1  # a step number is one 32-bit Philox counter word
 
 DEFAULT_STEPS = 10
+# cells a batch (an engine job) of an offline run: memory, never a cell (``EngineSettings``)
+DEFAULT_BATCH_SIZE = 64
 DEFAULT_GRID: TimeGrid = "uniform"
 # the grid of a request that names its steps but no grid: st3's
 STEPS_ONLY_GRID: TimeGrid = "uniform"
@@ -52,3 +62,98 @@ BUNDLED_DATA = ROOT / "data" / "pbmc68k_counts.h5ad"
 # Cells per perturbation when none is asked for: st3's own default (`--num_samples_per_pert`),
 # shared by every entry point (the st3 scripts, `sedd predict`, `Model.predict`, HTTP /predict).
 CELLS_PER_PERTURBATION = 10
+
+
+class OptionError(ValueError):
+    """A sampling option out of its range; ``field`` names it (the HTTP body's field too)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _about(help: str, *flags: str) -> dict[str, Any]:
+    """A ``SamplingOptions`` field's metadata: its help text and extra CLI spellings."""
+    return {"help": help, "flags": flags}
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How cells are sampled (vLLM's ``SamplingParams``): one value, carried whole from every
+    front door through the request (``GenerationRequest.sampling``) to each engine job
+    (``EngineJob.sampling``), and checked once, here, when it is made.
+
+    A new option is a field here (the CLI flag and the Python keyword follow from it) and a
+    field of the HTTP body (``server/schemas.py``, with the server's bounds). An invalid value
+    raises ``OptionError`` naming the field; the server reports it at ``["body", field]``.
+    """
+
+    steps: int = field(default=DEFAULT_STEPS, metadata=_about(
+        "reverse steps (default: the library's tuned schedule, see docs/quality.md's "
+        "'Quality per forward'; --steps alone keeps st3's uniform grid)",
+        "--num-steps",
+    ))  # fmt: skip
+    time_grid: TimeGrid = field(default=DEFAULT_GRID, metadata=_about(
+        "how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)", "--grid"
+    ))  # fmt: skip
+    sampler: Predictor = field(
+        default="euler", metadata=_about("the reverse step: euler or analytic (Tweedie)")
+    )
+    temperature: float = field(
+        default=1.0, metadata=_about("1 samples the model's law; below 1 sharpens it")
+    )
+    seed: int = field(default=0, metadata=_about("cell i draws from stream (seed, i)"))
+
+    def __post_init__(self) -> None:
+        steps, temperature, seed = self.steps, self.temperature, self.seed
+        for name, kind, cast in (("steps", _is_int, int), ("seed", _is_int, int),
+                                 ("temperature", _is_real, float)):  # fmt: skip
+            if kind(getattr(self, name)):  # numpy scalars too; 1 and 1.0 record alike
+                object.__setattr__(self, name, cast(getattr(self, name)))
+        steps, temperature, seed = self.steps, self.temperature, self.seed
+        checks = (
+            ("steps", _is_int(steps) and steps >= 1, ">= 1"),
+            ("steps", _is_int(steps) and steps <= MAX_STEPS, f"<= {MAX_STEPS}"),
+            ("time_grid", self.time_grid in TIME_GRIDS, f"one of {', '.join(TIME_GRIDS)}"),
+            ("sampler", self.sampler in PREDICTORS, f"one of {', '.join(PREDICTORS)}"),
+            ("temperature", _is_real(temperature) and math.isfinite(temperature)
+             and temperature > 0, "finite and > 0"),
+            ("seed", _is_int(seed) and 0 <= seed <= MAX_SEED, "in [0, 2**63 - 1]"),
+        )  # fmt: skip
+        for name, ok, rule in checks:
+            if not ok:
+                raise OptionError(name, f"`{name}` must be {rule}, got {getattr(self, name)!r}.")
+
+    @classmethod
+    def resolve(
+        cls, steps: int | None = None, time_grid: str | None = None, **options: Any
+    ) -> SamplingOptions:
+        """Options with the schedule resolved (``resolve_schedule``): neither ``steps`` nor
+        ``time_grid`` gives the tuned default; ``steps`` alone, st3's uniform grid. ``options``:
+        the other fields by name; an unknown name raises ``OptionError``."""
+        unknown = sorted(set(options) - set(OPTION_NAMES))
+        if unknown:
+            known = ", ".join(OPTION_NAMES)
+            raise OptionError(unknown[0], f"`{unknown[0]}` is not a sampling option ({known}).")
+        steps, grid = resolve_schedule(steps, time_grid)
+        return cls(steps, grid, **options)  # type: ignore[arg-type]
+
+    def record(self) -> dict[str, Any]:
+        """The options as plain JSON values, keyed as a request's record has always keyed them
+        (``time_grid`` only off the uniform grid, so earlier run ids hold)."""
+        out: dict[str, Any] = {"steps": self.steps, "sampler": self.sampler,
+                               "temperature": self.temperature, "seed": self.seed}  # fmt: skip
+        if self.time_grid != "uniform":
+            out["time_grid"] = self.time_grid
+        return out
+
+
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SamplingOptions))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

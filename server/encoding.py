@@ -14,7 +14,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sedd.engine import JobResult
+from sedd.engine import JobResult, engine_record
 from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.request.draws import MEAN_LAYER, mean_of_draws
@@ -86,16 +86,17 @@ def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: s
     request = planned.plan.request  # the schedule as resolved
     return ResponseMetadata(
         job_id=job_id,
-        seed=request.seed,
-        steps=request.steps,
-        time_grid=request.grid,
-        sampler=request.sampler,
-        temperature=request.temperature,
+        seed=request.sampling.seed,
+        steps=request.sampling.steps,
+        time_grid=request.sampling.time_grid,
+        sampler=request.sampling.sampler,
+        temperature=request.sampling.temperature,
         precision=service.precision_record(result.fp32_fallbacks),  # type: ignore[arg-type]
         queue_seconds=finite_or_zero(result.queue_seconds),
         compute_seconds=finite_or_zero(result.compute_seconds),
         forwards=int(result.forwards),
         checkpoint_sha256=service.loaded.file_hash,
+        engine=engine_record(service.engine),  # type: ignore[arg-type]
     ).model_dump()
 
 
@@ -187,8 +188,9 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         "fp32_fallbacks": int(result.fp32_fallbacks),
     }
     uns = run_provenance(
-        service.loaded, planned.plan.request, service.precision, timings, {"route": route}
-    )
+        service.loaded, planned.plan.request, service.precision, timings, {"route": route},
+        engine=engine_record(service.engine),
+    )  # fmt: skip
     counts, mean = draws_of(service, planned, result)
     with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
         path = write_cells_h5ad(

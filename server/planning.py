@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sedd.checkpoints import LoadedModel, UnknownLabelError
+from sedd.defaults import OptionError
 from sedd.engine import EngineJob
 from sedd.request.plan import GenerationRequest, Plan, plan
 from server.config import Settings
@@ -61,7 +62,11 @@ def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) ->
     served one raises ``ModelNotServed``."""
     if body.model is not None and body.model != loaded.path.name:
         raise ModelNotServed(body.model, loaded.path.name)
-    request = body.to_request(loaded, settings)
+    try:
+        request = body.to_request(loaded, settings)
+    except OptionError as err:  # the one place a sampling option's error gets its loc
+        field = err.field
+        raise FieldError(["body", field], str(err), input=getattr(body, field, None)) from None
     timeout = body.timeout(settings)
     planned = _plan(loaded, request, list(body.names_loc))
     job = planned.all_draws_job(deadline=time.monotonic() + timeout)

@@ -22,6 +22,12 @@ class PrecisionRecord(BaseModel):
     fp32_fallbacks: int
 
 
+class EngineRecord(BaseModel):
+    block_rows: int | None
+    tokens_per_forward: int | None
+    rows_per_tick: int
+
+
 class ResponseMetadata(BaseModel):
     job_id: str
     seed: int
@@ -34,6 +40,10 @@ class ResponseMetadata(BaseModel):
     compute_seconds: float
     forwards: int
     checkpoint_sha256: str
+    engine: EngineRecord = Field(
+        description="what the server's engine ran: rows and tokens of every model forward (its "
+        "fixed shape, which decides the cells) and the most rows a tick steps"
+    )
 
 
 class CellLabels(BaseModel):

@@ -25,9 +25,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from sedd.defaults import SamplingOptions
 from sedd.engine import JobCancelled, JobHandle, JobResult, StepProgress
 from sedd.engine.admission import Work
-from sedd.request.plan import GenerationRequest, SamplingOptions, plan
+from sedd.request.plan import GenerationRequest, plan
 from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError, Overloaded
 from server.http.errors import error_event
 from server.metrics import outcome_for_status
@@ -67,13 +68,13 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
     Retry-After is the wait after which it would fit (``Workload.wait_before_fit``). Both price
     a forward at ``COST_MARGIN`` times the measured one."""
     job = planned.job
-    limit, cost = service.settings.max_cell_steps, job.num_cells * job.steps
+    limit, cost = service.settings.max_cell_steps, job.num_cells * job.sampling.steps
     if limit is not None and cost > limit:
         raise FieldError(
             ["body"],
-            f"this request asks for {cost} cell-steps ({job.num_cells} cells x {job.steps} "
-            f"steps); the server takes at most {limit} (max_cell_steps); ask for fewer cells "
-            "or steps",
+            f"this request asks for {cost} cell-steps ({job.num_cells} cells x "
+            f"{job.sampling.steps} steps); the server takes at most {limit} (max_cell_steps); "
+            "ask for fewer cells or steps",
             type="too_costly",
             ctx={"cell_steps": cost, "max_cell_steps": limit},
         )
@@ -88,7 +89,7 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
         raise FieldError(
             ["body"],
             f"this request needs about {alone:.0f} s of model time ({job.num_cells} cells x "
-            f"{job.steps} steps at {forward_ms:.0f} ms a forward of {workload.block_rows} "
+            f"{job.sampling.steps} steps at {forward_ms:.0f} ms a forward of {workload.block_rows} "
             f"rows, priced {COST_MARGIN:g}x for its variation), longer than its deadline of "
             f"{deadline:g} s; ask for fewer cells or steps, or a longer timeout_s (up to the "
             "server's request_timeout_s)",
@@ -113,7 +114,7 @@ async def warm_up(service: Service) -> None:
     loaded, engine = service.loaded, service.engine
     condition = loaded.config.control_label or (loaded.conditions or [None])[0]
     names = [condition] if loaded.conditional and condition is not None else None
-    request = GenerationRequest.of(1, names, None, SamplingOptions.resolve(1, None))
+    request = GenerationRequest(1, names, None, SamplingOptions.resolve(1))
     observer, engine.observer = engine.observer, None  # not a request: not in the metrics
 
     def tick_under_way() -> bool:

@@ -13,11 +13,16 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sedd.checkpoints import LoadedModel
-from sedd.defaults import CELLS_PER_PERTURBATION, TimeGrid, resolve_schedule
-from sedd.diffusion.sampling import Predictor
+from sedd.defaults import (
+    CELLS_PER_PERTURBATION,
+    OPTION_NAMES,
+    Predictor,
+    TimeGrid,
+    resolve_schedule,
+)
+from sedd.defaults import SamplingOptions as Sampling
 from sedd.request.draws import MAX_N_SAMPLES
 from sedd.request.plan import GenerationRequest
-from sedd.request.plan import SamplingOptions as Sampling
 from server import decoding
 from server.config import Settings
 
@@ -78,15 +83,15 @@ class SamplingOptions(_Request):
     names_loc: ClassVar[tuple[str, ...]] = ("body", "condition")
 
     def to_sampling(self, settings: Settings) -> Sampling:
-        """The library's sampling options for this body: its schedule resolved
-        (``sedd.defaults.resolve_schedule``), a left-out ``steps`` capped at ``max_steps``."""
-        steps, grid = resolve_schedule(self.steps, self.time_grid)
-        if self.steps is None:
-            steps = min(steps, settings.max_steps)
-        decoding.check_steps(settings, steps)
-        return Sampling.resolve(
-            steps, grid, sampler=self.sampler, temperature=self.temperature, seed=self.seed
-        )
+        """The library's sampling options for this body, every field named as the body names
+        it (``SamplingOptions``' fields), its schedule resolved
+        (``sedd.defaults.resolve_schedule``) and a left-out ``steps`` capped at ``max_steps``.
+        The value checks itself: ``OptionError`` names the field (``plan_body`` reports it)."""
+        options = {name: getattr(self, name) for name in OPTION_NAMES}
+        steps, options["time_grid"] = resolve_schedule(self.steps, self.time_grid)
+        options["steps"] = steps if self.steps is not None else min(steps, settings.max_steps)
+        decoding.check_steps(settings, options["steps"])
+        return Sampling(**options)
 
     def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
         """The library's one request type for this body, within the server's limits."""
@@ -144,10 +149,12 @@ class GenerateRequest(SamplingOptions):
         if self.conditions is not None:
             names, counts = decoding.mix(loaded, self.conditions)
             decoding.check_cells(settings, sum(counts), "conditions")
-            return GenerationRequest.of(1, names, self.cell_type, sampling, condition_counts=counts)
+            return GenerationRequest(
+                1, names, self.cell_type, sampling, condition_counts=counts
+            )
         decoding.check_cells(settings, self.num_cells, "num_cells")
         condition = decoding.one_condition(loaded, self.condition)
-        return GenerationRequest.of(self.num_cells, condition, self.cell_type, sampling)
+        return GenerationRequest(self.num_cells, condition, self.cell_type, sampling)
 
 
 class PredictRequest(SamplingOptions):
@@ -192,7 +199,7 @@ class PredictRequest(SamplingOptions):
         conditions = decoding.predicted_conditions(loaded, self.perturbations, self.include_control)
         n = self.cells_per_perturbation
         decoding.check_cells(settings, len(conditions) * n, "cells_per_perturbation")
-        return GenerationRequest.of(n, conditions, self.cell_type, sampling)
+        return GenerationRequest(n, conditions, self.cell_type, sampling)
 
 
 class ImputeRequest(SamplingOptions):
@@ -268,12 +275,12 @@ class ImputeRequest(SamplingOptions):
             imputation = decoding.cell_types(loaded, imputation, self.cell_types)
         if self.cell_conditions is not None:
             names, counts = decoding.cell_conditions(loaded, self.cell_conditions)
-            return GenerationRequest.of(
+            return GenerationRequest(
                 1, names, self.cell_type, sampling, imputation=imputation,
                 condition_counts=counts, n_samples=self.n_samples,
             )  # fmt: skip
         condition = decoding.one_condition(loaded, self.condition)
-        return GenerationRequest.of(
+        return GenerationRequest(
             imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation,
             n_samples=self.n_samples,
         )  # fmt: skip

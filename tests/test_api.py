@@ -14,6 +14,7 @@ import scipy.sparse as sp
 import torch
 from arrays import dense
 from devices import DEVICE
+from engine_models import request_of
 from server_client import make_settings, served
 from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_model
 
@@ -23,7 +24,7 @@ from sedd.cli import main as sedd_main
 from sedd.diffusion.sampling import Sampler
 from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine import Engine
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 
 pytestmark = pytest.mark.anyio
 
@@ -245,6 +246,6 @@ def test_a_model_reuses_one_sampler_and_its_cuda_graphs_across_calls(
     assert samplers[2] is not samplers[0] and samplers[2].block_rows == 1
     for cells in (second, one_row, third):
         np.testing.assert_array_equal(dense(cells.X), dense(first.X))
-    request = GenerationRequest(cells_per_condition=1, conditions=("KRAS",), steps=2)
+    request = request_of(cells_per_condition=1, conditions=("KRAS",), steps=2)
     with pytest.raises(ValueError, match="`sampler` runs fp32 forwards of 1 rows, this run fp32"):
         run_plan(plan(fresh.loaded, request), fresh.policy, sampler=samplers[2])

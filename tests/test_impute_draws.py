@@ -21,10 +21,12 @@ import sedd
 from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.cli import main as sedd_main
+from sedd.defaults import SamplingOptions
 from sedd.diffusion.st3_samplers import EulerSampler
+from sedd.engine import EngineSettings
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import imputation_from_anndata
-from sedd.request.plan import GenerationRequest, SamplingOptions, plan
+from sedd.request.plan import GenerationRequest, plan
 
 pytestmark = pytest.mark.anyio
 
@@ -154,7 +156,7 @@ def test_api_refuses_bad_n_samples_in_one_line(model: sedd.Model) -> None:
         with pytest.raises(ValueError, match=r"`n_samples` must be an integer from 1 to 64, got"):
             model.impute(given(), steps=2, n_samples=bad)  # type: ignore[arg-type]
     sampling = SamplingOptions.resolve(2, None)
-    generated = GenerationRequest.of(2, ["KRAS"], None, sampling, n_samples=3)
+    generated = GenerationRequest(2, ("KRAS",), None, sampling, n_samples=3)
     with pytest.raises(ValueError, match="`n_samples` must be 1 for cells generated without"):
         plan(model.loaded, generated)
 
@@ -162,9 +164,11 @@ def test_api_refuses_bad_n_samples_in_one_line(model: sedd.Model) -> None:
 def test_a_sharded_run_refuses_several_draws(model: sedd.Model, tmp_path: Path) -> None:
     imputation = imputation_from_anndata(model.loaded, given())
     sampling = SamplingOptions.resolve(2, None)
-    request = GenerationRequest.of(3, ["ctrl"], None, sampling, imputation=imputation, n_samples=2)
+    request = GenerationRequest(3, ("ctrl",), None, sampling, imputation=imputation, n_samples=2)
     with pytest.raises(ValueError, match="`n_samples` must be 1 for a sharded run, got 2"):
-        prepare_shard(plan(model.loaded, request), model.policy, tmp_path, Shard(0, 1))
+        prepare_shard(
+            plan(model.loaded, request), model.policy, tmp_path, Shard(0, 1), EngineSettings()
+        )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -73,21 +73,24 @@ def request_identity(
     *,
     num_cells: int,
     num_shards: int,
+    tokens_per_forward: int | None,
 ) -> dict[str, Any]:
-    """Everything that decides the cells of each shard; equal identities give equal cells."""
+    """Everything that decides the cells of each shard; equal identities give equal cells.
+    ``tokens_per_forward`` as asked for (None: the device's default) stays under ``request``,
+    where requests before it left the request recorded it, so their runs still resume."""
     if request.imputation is not None:
         raise ShardOutputError(
             "an imputation request writes one file: leave out --out-dir and the shard options."
         )
     params = request.record()
-    params.pop("batch_size")  # cell i does not depend on it
+    params["tokens_per_forward"] = tokens_per_forward
     params["conditions"] = None if request.conditions is None else list(request.conditions)
     return {
         "request": params,
         "model_sha256": loaded.file_hash,
         "genes_sha256": _canonical_sha256(list(loaded.config.genes)),
         "block_rows": block_rows_for(
-            loaded.config.num_genes, precision.device, request.tokens_per_forward
+            loaded.config.num_genes, precision.device, tokens_per_forward
         ),
         "amp_dtype": precision.name,
         "tf32": precision.tf32,

@@ -27,10 +27,12 @@ from sedd.diffusion.sampling import Sampler
 from sedd.engine import (
     Engine,
     EngineJob,
+    EngineSettings,
     JobResult,
     ModelLimits,
     StepProgress,
-    block_rows_for,
+    engine_record,
+    forward_rows,
     model_sampler,
     run_jobs,
 )
@@ -50,6 +52,8 @@ class GenerationResult:
     stats: dict[str, object] = field(default_factory=dict)
     # (N, G) float32 mean over the request's n_samples draws; None for one draw, or streamed away
     mean_of_draws: np.ndarray | None = None
+    # what the engine ran on: rows and tokens a forward, rows a tick (``engine_record``)
+    engine: dict[str, object] = field(default_factory=dict)
 
 
 def run_plan(
@@ -62,6 +66,7 @@ def run_plan(
     on_mean: Callable[[range, np.ndarray], None] | None = None,
     keep_counts: bool = True,
     sampler: Sampler | None = None,
+    settings: EngineSettings | None = None,
 ) -> GenerationResult:
     """Generate the cells of ``plan`` (or only those in ``cell_range``, for sharding).
 
@@ -72,20 +77,23 @@ def run_plan(
     ``on_batch``. ``keep_counts=False`` keeps no batch after these (a run of any size then holds
     a few batches at a time; ``counts`` and ``mean_of_draws`` are None). With draws, ``stats``
     counts every draw's cells (the engine's work) and records ``n_samples``.
-    ``sampler``: the one to step on, a ``sedd.engine.model_sampler`` of this ``precision`` and
-    the request's forward block (the Python API keeps one per model, so its CUDA graphs are
-    captured once); None builds a new one.
+    ``settings``: the engine's batch size, forward block and CUDA graphs (default
+    ``EngineSettings()``). ``sampler``: the one to step on, a ``sedd.engine.model_sampler`` of
+    this ``precision`` and the settings' forward block (the Python API keeps one per model, so
+    its CUDA graphs are captured once); None builds a new one. ``engine`` in the result records
+    the forward shape the engine ran (every output's provenance).
     """
+    settings = EngineSettings() if settings is None else settings
     loaded, request = plan.loaded, plan.request
     cells = cell_range if cell_range is not None else range(len(plan))
     if cells.start < 0 or cells.stop > len(plan):
         raise ValueError(f"cell_range {cells} is outside the request's 0..{len(plan)} cells.")
     num_genes, mask = loaded.config.num_genes, loaded.config.tokens.mask_index
-    block = block_rows_for(num_genes, loaded.device, request.tokens_per_forward)
+    block = forward_rows(loaded, settings.tokens_per_forward)  # what model_sampler runs
     if sampler is None:
         sampler = model_sampler(
             loaded, precision,
-            tokens_per_forward=request.tokens_per_forward, cuda_graphs=request.cuda_graphs,
+            tokens_per_forward=settings.tokens_per_forward, cuda_graphs=settings.cuda_graphs,
         )  # fmt: skip
     elif (sampler.precision, sampler.block_rows) != (precision, block):
         raise ValueError(
@@ -97,7 +105,7 @@ def run_plan(
     engine = Engine(
         sampler,
         ModelLimits.of_model(loaded),
-        max_rows_per_forward=-(-request.batch_size // block) * block,  # whole blocks
+        max_rows_per_forward=-(-settings.batch_size // block) * block,  # whole blocks
         observer=monitor,
     )
     draws = request.n_samples
@@ -108,7 +116,7 @@ def run_plan(
     fallbacks = 0
 
     def jobs() -> Iterator[EngineJob]:  # built as the engine needs them
-        for batch, draw, job in plan.draw_jobs(cells):
+        for batch, draw, job in plan.draw_jobs(cells, batch_size=settings.batch_size):
             batches.append((batch, draw))
             yield job
 
@@ -148,7 +156,9 @@ def run_plan(
         plan.cells.iloc[cells.start : cells.stop],
         stats,
         mean,
+        engine_record(engine),
     )
+
 
 
 def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, object]:

@@ -34,7 +34,7 @@ from sedd.batch.manifest import (
 from sedd.batch.run import run_plan
 from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
-from sedd.engine import StepProgress
+from sedd.engine import EngineSettings, StepProgress
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
 from sedd.precision import PrecisionPolicy
@@ -62,6 +62,8 @@ class ShardJob:
     cells: range  # the shard's global cell numbers
     identity_sha256: str
     done_entry: dict[str, Any] | None  # the entry, when the shard is already complete
+    settings: EngineSettings = field(default_factory=EngineSettings)
+    block_rows: int = 1  # every forward's rows, as the identity records them
     # first cell -> cells of each finished batch on disk (the counts stay there, not in memory)
     parts: dict[int, int] = field(default_factory=dict)
 
@@ -102,20 +104,20 @@ class ShardJob:
             return self.done_entry
         resumed = self.resumed_cells
         self.parts_dir.mkdir(parents=True, exist_ok=True)
-        runs = [
+        results = [
             run_plan(
                 self.plan, self.precision, cell_range=gap, on_progress=on_progress,
-                on_batch=self._save_part,
-            ).stats
+                on_batch=self._save_part, settings=self.settings,
+            )
             for gap in self.gaps()
         ]  # fmt: skip
-        stats = self._shard_stats(runs, resumed)
-        self._write_h5ad(shard_provenance(self, stats))
+        stats = self._shard_stats([result.stats for result in results], resumed)
+        self._write_h5ad(shard_provenance(self, stats, results[-1].engine if results else None))
         entry = shard_entry(
             shard=self.shard,
             cells=self.cells,
             identity_sha256=self.identity_sha256,
-            seed=self.request.seed,
+            seed=self.request.sampling.seed,
             h5ad=self.paths.h5ad,
             h5ad_sha256=sha256_file(self.paths.h5ad),
             stats=stats,
@@ -182,17 +184,29 @@ class ShardJob:
             writer.finish(self.plan.cells.iloc[self.cells.start : self.cells.stop], uns)
 
 
-def shard_provenance(job: ShardJob, stats: dict[str, Any]) -> dict[str, Any]:
+def shard_provenance(
+    job: ShardJob, stats: dict[str, Any], engine: dict[str, object] | None
+) -> dict[str, Any]:
+    """The shard h5ad's ``uns``: ``engine`` is what its last run's engine ran on (None: every
+    batch was already on disk, so the forward shape its identity fixes)."""
+    if engine is None:
+        genes = job.loaded.config.num_genes
+        engine = {"block_rows": job.block_rows, "tokens_per_forward": job.block_rows * genes,
+                  "rows_per_tick": -(-job.settings.batch_size // job.block_rows) * job.block_rows}
     shard = {
         "index": job.shard.index,
         "count": job.shard.count,
         "cell_range": [job.cells.start, job.cells.stop],
         "identity_sha256": job.identity_sha256,
     }
-    return run_provenance(job.loaded, job.request, job.precision, stats, {"shard": shard})
+    return run_provenance(
+        job.loaded, job.request, job.precision, stats, {"shard": shard}, engine=engine
+    )
 
 
-def prepare_shard(plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: Shard) -> ShardJob:
+def prepare_shard(
+    plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: Shard, settings: EngineSettings
+) -> ShardJob:
     """Claim or check ``out_dir/request.json`` and find what this shard still has to do."""
     loaded, request, num_cells = plan.loaded, plan.request, len(plan)
     if request.n_samples != 1:
@@ -201,9 +215,10 @@ def prepare_shard(plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: 
             "draw of each cell; write one file (--out) for the mean of several draws."
         )
     identity = request_identity(
-        loaded, request, precision, num_cells=num_cells, num_shards=shard.count
-    )
-    record = request_record(identity, model=str(loaded.path), batch_size=request.batch_size)
+        loaded, request, precision, num_cells=num_cells, num_shards=shard.count,
+        tokens_per_forward=settings.tokens_per_forward,
+    )  # fmt: skip
+    record = request_record(identity, model=str(loaded.path), batch_size=settings.batch_size)
     claimed = claim_request_file(out_dir, record)
     paths = ShardPaths(out_dir, shard)
     job = ShardJob(
@@ -214,6 +229,8 @@ def prepare_shard(plan: Plan, precision: PrecisionPolicy, out_dir: Path, shard: 
         cells=shard.cell_range(num_cells),
         identity_sha256=claimed["identity_sha256"],
         done_entry=None,
+        settings=settings,
+        block_rows=identity["block_rows"],
     )
     job.done_entry = _complete_entry(job)
     if job.done_entry is None:

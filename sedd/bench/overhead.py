@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from sedd.defaults import SamplingOptions
 from sedd.diffusion.graph import AbsorbingGraph, Graph
 from sedd.diffusion.noise import LogLinearNoise, Noise
 from sedd.diffusion.sampling import Sampler
@@ -150,7 +151,7 @@ def measure(
     for rows in rows_in_flight:
         engine = Engine(sampler, limits, max_rows_per_forward=rows)
         cell_labels = None if labels is None else labels.expand(rows, *labels.shape[1:])
-        engine.submit(EngineJob(rows, steps=ticks + 6, seed=0, labels=cell_labels))
+        engine.submit(EngineJob(rows, SamplingOptions(ticks + 6, seed=0), labels=cell_labels))
         for _ in range(2):  # admission, then a first step
             engine.tick()
         if sampler.device.type == "cuda":

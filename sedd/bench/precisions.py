@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from sedd.defaults import SamplingOptions
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.sampling import Sampler
@@ -87,7 +88,7 @@ def _timed_sample(sampler: Sampler, case: BenchCase, seed: int) -> tuple[float, 
     engine = Engine(sampler, limits, max_rows_per_forward=case.batch, observer=counter)
     with PeakMemory(sampler.device) as peak:
         start = time.perf_counter()
-        run_job(engine, EngineJob(case.batch, case.steps, seed=seed))
+        run_job(engine, EngineJob(case.batch, SamplingOptions(case.steps, seed=seed)))
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds = time.perf_counter() - start

@@ -14,9 +14,32 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import Field, fields
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from sedd.defaults import DEFAULT_MODEL, TIME_GRIDS
+from sedd.defaults import DEFAULT_MODEL, SamplingOptions
+
+
+def add_option_argument(p: argparse.ArgumentParser, option: Field[Any]) -> None:
+    """The flag of one ``SamplingOptions`` field: ``--name`` (and its extra spellings), typed
+    and with choices as the field is, defaulting to None for the schedule (``steps`` and
+    ``time_grid`` resolve together) and to the field's default otherwise. Values are checked
+    by ``SamplingOptions`` itself, so the CLI, the API and HTTP refuse the same ones."""
+    kind = get_type_hints(SamplingOptions)[option.name]
+    choices = get_args(kind) if get_origin(kind) is Literal else None
+    schedule = option.name in ("steps", "time_grid")
+    default = None if schedule else option.default
+    shown = "" if schedule else f" (default {option.default})"
+    p.add_argument(
+        "--" + option.name.replace("_", "-"),
+        *option.metadata["flags"],
+        dest=option.name,
+        type=None if choices else kind,
+        choices=list(choices) if choices else None,
+        default=default,
+        help=option.metadata["help"] + shown,
+    )
 
 
 def add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -66,29 +89,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
-    """Sampling options shared by ``generate``, ``predict`` and ``impute``."""
-    p.add_argument(
-        "--steps",
-        "--num-steps",
-        dest="steps",
-        type=int,
-        default=None,
-        help="reverse steps (default: the library's tuned schedule, see docs/quality.md's "
-        "'Quality per forward'; --steps alone keeps st3's uniform grid)",
-    )
-    p.add_argument(
-        "--time-grid",
-        "--grid",
-        dest="time_grid",
-        choices=list(TIME_GRIDS),
-        default=None,
-        help="how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)",
-    )
-    p.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument(
-        "--seed", type=int, default=0, help="cell i draws from stream (seed, i) (default 0)"
-    )
+    """Sampling options shared by ``generate``, ``predict`` and ``impute``: one flag per field
+    of ``SamplingOptions`` (``--time-grid`` for ``time_grid``), its help and choices from the
+    field, then the run's own options (precision, batch size, forward block, device)."""
+    for option in fields(SamplingOptions):
+        add_option_argument(p, option)
     p.add_argument(
         "--precision",
         default="auto",

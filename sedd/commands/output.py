@@ -17,13 +17,15 @@ from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import show_progress
+from sedd.defaults import OPTION_NAMES, SamplingOptions
+from sedd.engine import EngineSettings
 from sedd.engine.offline import ProgressHook
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import Imputation
-from sedd.request.plan import GenerationRequest, Plan, SamplingOptions, plan
+from sedd.request.plan import GenerationRequest, Plan, plan
 from sedd.request.provenance import run_provenance
 
 CountsDtype = Literal["int", "float32"]
@@ -37,6 +39,7 @@ def run_request(
     planned = plan(loaded, request)
     shard = resolve_shard(args.num_shards, args.shard_index)
     progress = getattr(args, "progress", None)  # add_progress_argument's
+    settings = settings_from_args(args)
     if args.out_dir is None:
         if shard.count > 1:
             raise ShardError(
@@ -44,10 +47,14 @@ def run_request(
                 "DIR: each shard writes DIR/shards/..., and `sedd merge DIR` joins them."
             )
         out = claim_output(args.out or args.default_out, args.overwrite)
-        return write_one_file(planned, args.precision, out, args.counts_dtype, progress=progress)
+        return write_one_file(
+            planned, args.precision, out, args.counts_dtype, settings=settings, progress=progress
+        )
     if args.counts_dtype != "int":
         raise ValueError("--counts-dtype float32 applies to `sedd merge` in --out-dir mode.")
-    return run_shard(planned, args.precision, args.out_dir, shard, progress=progress)
+    return run_shard(
+        planned, args.precision, args.out_dir, shard, settings=settings, progress=progress
+    )
 
 
 def check_h5ad_name(out: Path | None, flag: str = "--out") -> None:
@@ -93,16 +100,22 @@ def request_from_args(
     n_samples: int = 1,
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe (``n_samples``: draws of
-    each imputed cell, ``sedd impute --n-samples``)."""
-    sampling = SamplingOptions.resolve(
-        args.steps, args.time_grid, sampler=args.sampler, temperature=args.temperature,
-        seed=args.seed, batch_size=args.batch_size,
+    each imputed cell, ``sedd impute --n-samples``): its sampling options are the flags named
+    for ``SamplingOptions``' fields, all of them, by name."""
+    given = {name: getattr(args, name) for name in OPTION_NAMES if hasattr(args, name)}
+    sampling = SamplingOptions.resolve(**given)
+    return GenerationRequest(
+        cells_per_condition, tuple(conditions or ()), args.cell_type, sampling,
+        imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
     )  # fmt: skip
-    return GenerationRequest.of(
-        cells_per_condition, conditions, args.cell_type, sampling,
-        tokens_per_forward=getattr(args, "tokens_per_forward", None),
-        cuda_graphs=getattr(args, "cuda_graphs", None), imputation=imputation,
-        condition_counts=condition_counts, n_samples=n_samples,
+
+
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    """How the run's engine is set up: ``--batch-size``, ``--tokens-per-forward``,
+    ``--cuda-graphs`` (not part of the request)."""
+    return EngineSettings(
+        args.batch_size, getattr(args, "tokens_per_forward", None),
+        getattr(args, "cuda_graphs", None),
     )  # fmt: skip
 
 
@@ -112,6 +125,7 @@ def write_one_file(
     out: Path,
     counts_dtype: CountsDtype = "int",
     *,
+    settings: EngineSettings,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Generate (with a progress bar as ``show_progress(progress)`` says), write the h5ad and
@@ -125,13 +139,15 @@ def write_one_file(
         layers=layers,
     )  # fmt: skip
     draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
-    with writer, _bar(draws, request.steps, "sampling", progress) as on_progress:
+    with writer, _bar(draws, request.sampling.steps, "sampling", progress) as on_progress:
         result = run_plan(
             planned, precision, on_progress=on_progress,
             on_batch=lambda _, counts: writer.add(counts),
             on_mean=lambda _, mean: writer.add_layer(MEAN_LAYER, mean), keep_counts=False,
+            settings=settings,
         )  # fmt: skip
-        writer.finish(result.obs, run_provenance(loaded, request, precision, result.stats))
+        uns = run_provenance(loaded, request, precision, result.stats, engine=result.engine)
+        writer.finish(result.obs, uns)
     return finish(out, result.stats, precision, num_genes=len(result.genes))
 
 
@@ -141,19 +157,21 @@ def run_shard(
     out_dir: Path,
     shard: Shard,
     *,
+    settings: EngineSettings,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Run (or resume, or skip) one shard into ``out_dir``; print its summary. A progress bar
     as ``show_progress(progress)`` says."""
     precision = resolve_precision(precision_name, planned.loaded.device)
-    job = prepare_shard(planned, precision, out_dir, shard)
+    job = prepare_shard(planned, precision, out_dir, shard, settings)
     label = f"shard {shard.index}/{shard.count}"
     if job.done_entry is not None:
         print(f"{label}: already complete ({job.paths.h5ad}, sha256 ok); nothing to do")
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    with _bar(job.cells_to_generate, planned.request.steps, label, progress) as on_progress:
+    steps = planned.request.sampling.steps
+    with _bar(job.cells_to_generate, steps, label, progress) as on_progress:
         entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,

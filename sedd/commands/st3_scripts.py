@@ -38,6 +38,7 @@ from sedd.commands.output import (
     claim_output,
     request_from_args,
     run_shard,
+    settings_from_args,
     write_one_file,
 )
 from sedd.commands.st3_flags import (
@@ -194,10 +195,15 @@ def _write(
     if shard.count > 1:
         metadata.update(status="sharded: merged by `sedd merge`", num_shards=shard.count)
         write_json_atomic(_metadata_path(out), metadata)
-        run_shard(planned, args.precision, out.parent, shard, progress=args.progress)
+        run_shard(
+            planned, args.precision, out.parent, shard, settings=settings_from_args(args),
+            progress=args.progress,
+        )  # fmt: skip
         print(f"when every shard is done: sedd merge {out.parent} --out {out}")
         return None
-    summary = write_one_file(planned, args.precision, out, progress=args.progress)
+    summary = write_one_file(
+        planned, args.precision, out, settings=settings_from_args(args), progress=args.progress
+    )
     metadata.update(num_cells=summary["cells"], summary=summary)
     write_json_atomic(_metadata_path(out), metadata)
     return out

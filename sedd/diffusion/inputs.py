@@ -7,15 +7,13 @@ the same inputs with the same message: the field, its value and the rule.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from sedd.defaults import TIME_GRIDS
 from sedd.diffusion.graph import Graph
-from sedd.diffusion.randomness import MAX_CELLS, MAX_SEED, MAX_STEPS
+from sedd.diffusion.randomness import MAX_CELLS
 
 
 @dataclass(frozen=True)
@@ -63,41 +61,28 @@ def check_inputs(
     graph: Graph,
     *,
     num_cells: int,
-    steps: int,
-    sampler: str,
-    temperature: float,
-    seed: int,
     first_cell: int,
     eps: float,
-    grid: str,
     labels: torch.Tensor | None,
     cell_types: torch.Tensor | None,
     x_init: torch.Tensor | None,
     fixed: torch.Tensor | None,
 ) -> None:
-    """Raise ``ValueError`` naming the field and value unless the model can run these rows.
+    """Raise ``ValueError`` naming the field and value unless the model can run these rows
+    (the sampling options check themselves: ``sedd.defaults.SamplingOptions``).
 
     Label indices are range-checked here: an out-of-range embedding index on CUDA is a
     device-side assert that would take the whole engine down, not just this request.
     """
     n = num_cells
-    values = {"num_cells": n, "steps": steps, "temperature": temperature, "seed": seed,
-              "first_cell": first_cell, "eps": eps}  # fmt: skip
+    values = {"num_cells": n, "first_cell": first_cell, "eps": eps}
     for name, ok, rule in (
         ("num_cells", n >= 1, ">= 1"),
-        ("steps", steps >= 1, ">= 1"),
-        ("steps", steps < MAX_STEPS, "below 2**32"),
-        ("temperature", math.isfinite(temperature) and temperature > 0, "finite, > 0"),
-        ("seed", 0 <= seed <= MAX_SEED, "in [0, 2**63 - 1]"),
         ("first_cell", 0 <= first_cell <= MAX_CELLS - n, "in [0, 2**48 - num_cells]"),
         ("eps", 0.0 < eps < 1.0, "in (0, 1)"),
     ):
         if not ok:
             raise _bad(name, rule, values[name])
-    if sampler not in ("euler", "analytic"):
-        raise _bad("sampler", "'euler' or 'analytic'", repr(sampler))
-    if grid not in TIME_GRIDS:
-        raise _bad("grid", f"one of {', '.join(TIME_GRIDS)}", repr(grid))
     _check_labels(labels, cell_types, limits, n)
     if x_init is None and limits.num_genes is None:
         raise _bad("x_init", "given, or the number of genes known", None)

@@ -2,7 +2,7 @@
 
 This is the executable spec of sampling, written as the reference SEDD code and diffusers
 pipelines read: start tokens at t = 1, one ``Sampler.step`` per pair of times on
-``time_grid(steps, eps, grid)``, then the denoise from eps to 0. The batching engine
+``time_grid(steps, eps, options.time_grid)``, then the denoise from eps to 0. The batching engine
 (``sedd.engine``) runs the same steps for many requests at once, packing their rows into shared
 forwards; ``tests/diffusion/test_reference.py`` checks that its cells equal this loop's bit for
 bit, for every sampler, grid, conditioning and imputation.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sedd.defaults import SamplingOptions
 from sedd.diffusion.sampling import Sampler, StepRows, start_tokens, time_grid
 
 
@@ -32,29 +33,25 @@ class StepProgress:
 def reference_sample(
     sampler: Sampler,
     x: torch.Tensor | None,
+    options: SamplingOptions,
     *,
     num_cells: int,
     num_genes: int | None = None,
-    steps: int,
-    predictor: str | None = None,
-    seed: int = 0,
     first_cell: int = 0,
-    temperature: float = 1.0,
     eps: float = 1e-5,
-    grid: str = "uniform",
     denoise: bool = True,
     fixed: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
     cell_types: torch.Tensor | None = None,
     on_step: Callable[[StepProgress], None] | None = None,
 ) -> torch.Tensor:
-    """(num_cells, genes) tokens: cell i of the request draws from stream (seed, first_cell + i).
+    """(num_cells, genes) tokens sampled as ``options`` say (steps, time grid, the reverse step,
+    temperature, seed): cell i of the request draws from stream (seed, first_cell + i).
 
     ``x`` holds the start tokens of an imputation (the mask where a gene is to be drawn; ``fixed``
     marks the given genes, which never change); ``None`` starts every gene at t = 1.
-    ``predictor``: "euler" or "analytic" (``None``: the sampler's own).
     """
-    analytic = (predictor or sampler.predictor) == "analytic"
+    seed, steps, analytic = options.seed, options.steps, options.sampler == "analytic"
     device = sampler.device
     if x is None:
         x = start_tokens(sampler.graph, num_cells, num_genes or 0, device, seed=seed,
@@ -63,13 +60,12 @@ def reference_sample(
     fixed, labels, cell_types = (
         None if v is None else v.to(device) for v in (fixed, labels, cell_types)
     )
-    times = time_grid(steps, eps, grid).tolist()
+    times = time_grid(steps, eps, options.time_grid).tolist()
     pairs = list(itertools.pairwise(times)) + ([(times[-1], 0.0)] if denoise else [])
     for step, (t, s) in enumerate(pairs):
         rows = StepRows.of_request(
-            x, t, s, seed=seed, first_cell=first_cell, step=step, temperature=temperature,
-            analytic=analytic, fixed=fixed, labels=labels,
-            cell_types=cell_types,
+            x, t, s, seed=seed, first_cell=first_cell, step=step, temperature=options.temperature,
+            analytic=analytic, fixed=fixed, labels=labels, cell_types=cell_types,
         )  # fmt: skip
         out = sampler.step(rows)
         x = out.tokens

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sedd.defaults import Predictor
 from sedd.diffusion.categorical import chunk_sums, sample_categorical, temper
 from sedd.diffusion.cuda_graphs import GraphedSteps
 from sedd.diffusion.graph import Graph, one_hot
@@ -56,7 +57,6 @@ from sedd.precision import (
     resolve_precision,
 )
 
-Predictor = Literal["euler", "analytic"]
 DenoiseMode = Literal["sample", "argmax"]
 Redo = tuple["Proposal", np.ndarray]  # rule 5's recomputed rows and their readback
 

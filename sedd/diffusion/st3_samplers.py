@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from sedd.defaults import TimeGrid
+from sedd.defaults import SamplingOptions, TimeGrid
 from sedd.diffusion.inputs import ModelLimits, check_inputs
 from sedd.diffusion.reference import StepProgress, reference_sample
 from sedd.diffusion.sampling import Predictor, Sampler
@@ -50,18 +50,17 @@ class St3Sampler(Sampler):
         """
         if num_cells is None:
             num_cells = next((v.shape[0] for v in (x_init, labels) if v is not None), 0)
+        options = SamplingOptions(steps, time_grid, self.predictor, temperature, seed)
         limits = ModelLimits.of_module(self.model, num_genes)
         inputs = dict(labels=labels, cell_types=cell_types, fixed=fixed)
         cpu = {k: None if v is None else v.cpu() for k, v in inputs.items()}
         check_inputs(
-            limits, self.graph, num_cells=num_cells, steps=steps, sampler=self.predictor,
-            temperature=temperature, seed=seed, first_cell=first_cell, eps=eps, grid=time_grid,
+            limits, self.graph, num_cells=num_cells, first_cell=first_cell, eps=eps,
             x_init=None if x_init is None else x_init.cpu(), **cpu,
         )  # fmt: skip
         return reference_sample(
-            self, x_init, num_cells=num_cells, num_genes=limits.num_genes, steps=steps,
-            seed=seed, first_cell=first_cell, temperature=temperature, eps=eps, grid=time_grid,
-            denoise=denoise, on_step=on_step, **inputs,
+            self, x_init, options, num_cells=num_cells, num_genes=limits.num_genes,
+            first_cell=first_cell, eps=eps, denoise=denoise, on_step=on_step, **inputs,
         )  # fmt: skip
 
 

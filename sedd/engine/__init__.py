@@ -36,11 +36,12 @@ settled after one small readback a tick.
 from sedd.diffusion.inputs import ModelLimits
 from sedd.diffusion.reference import StepProgress
 from sedd.engine.core import Engine
-from sedd.engine.forwards import ForwardShape, block_rows_for, model_sampler
+from sedd.engine.forwards import ForwardShape, block_rows_for, forward_rows, model_sampler
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
     EngineObserver,
+    EngineSettings,
     EngineStopped,
     InvalidTokensError,
     JobCancelled,
@@ -49,13 +50,14 @@ from sedd.engine.jobs import (
     JobTimeout,
     is_out_of_memory,
 )
-from sedd.engine.offline import run_job, run_jobs
+from sedd.engine.offline import engine_record, run_job, run_jobs
 
 __all__ = [
     "Engine",
     "EngineFull",
     "EngineJob",
     "EngineObserver",
+    "EngineSettings",
     "EngineStopped",
     "ForwardShape",
     "InvalidTokensError",
@@ -66,6 +68,8 @@ __all__ = [
     "ModelLimits",
     "StepProgress",
     "block_rows_for",
+    "engine_record",
+    "forward_rows",
     "is_out_of_memory",
     "model_sampler",
     "run_job",

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import torch
 
-from sedd.defaults import TimeGrid
+from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.inputs import ModelLimits, check_inputs
-from sedd.diffusion.sampling import Predictor
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -32,10 +31,8 @@ class EngineJob:
     """
 
     num_cells: int
-    steps: int
-    sampler: Predictor = "euler"
-    temperature: float = 1.0
-    seed: int = 0
+    # steps, time grid, reverse step, temperature, seed: the request's value, carried whole
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     first_cell: int = 0  # cell i of the job draws from stream (seed, first_cell + i)
     labels: torch.Tensor | None = None  # (N,) long perturbation indices, or (N, E) float vectors
     cell_types: torch.Tensor | None = None  # (N,) long
@@ -43,13 +40,38 @@ class EngineJob:
     fixed: torch.Tensor | None = None  # (N, G) bool, positions never changed
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
     eps: float = 1e-5  # the grid ends at t = eps (``sedd.diffusion.sampling.time_grid``)
-    grid: TimeGrid = "uniform"  # how t falls from 1 to eps (``sedd.diffusion.sampling.time_grid``)
     denoise: bool = True  # the final step from eps to 0; without it masks may remain
 
     @property
     def total_steps(self) -> int:
         """Steps every row takes, the final denoise included."""
-        return self.steps + (1 if self.denoise else 0)
+        return self.sampling.steps + (1 if self.denoise else 0)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an offline run sets up its engine; never part of a request.
+
+    ``batch_size``: cells a job, and the rows one tick steps (rounded up to whole forward
+    blocks): memory, never a cell. ``tokens_per_forward``: rows x genes a model forward (None:
+    the device's default); its rows are every forward's fixed shape, which decides the cells, as
+    the precision does, so outputs record the shape the engine used. ``cuda_graphs``: replay each
+    block from a captured CUDA graph (None: ``SEDD_CUDA_GRAPHS``, else off); never a cell.
+    """
+
+    batch_size: int = DEFAULT_BATCH_SIZE
+    tokens_per_forward: int | None = None
+    cuda_graphs: bool | None = None
+
+    def __post_init__(self) -> None:
+        budget = self.tokens_per_forward
+        for name, ok, rule in (
+            ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, ">= 1"),
+            ("tokens_per_forward", budget is None or (isinstance(budget, int) and budget >= 1),
+             ">= 1 (or None: the device's default)"),
+        ):  # fmt: skip
+            if not ok:
+                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)!r}.")
 
 
 @dataclass
@@ -128,9 +150,9 @@ def is_out_of_memory(err: BaseException) -> bool:
 def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
     """Raise ``ValueError`` naming the field and value unless the model can run ``job``
     (``sedd.diffusion.inputs.check_inputs``, the check st3's sampler classes make too)."""
+    if not isinstance(job.sampling, SamplingOptions):
+        raise TypeError(f"`sampling` must be a SamplingOptions, got {type(job.sampling).__name__}.")
     check_inputs(
-        limits, graph, num_cells=job.num_cells, steps=job.steps, sampler=job.sampler,
-        temperature=job.temperature, seed=job.seed, first_cell=job.first_cell, eps=job.eps,
-        grid=job.grid, labels=job.labels, cell_types=job.cell_types, x_init=job.x_init,
-        fixed=job.fixed,
+        limits, graph, num_cells=job.num_cells, first_cell=job.first_cell, eps=job.eps,
+        labels=job.labels, cell_types=job.cell_types, x_init=job.x_init, fixed=job.fixed,
     )  # fmt: skip

@@ -63,6 +63,17 @@ def run_job(engine: Engine, job: EngineJob, on_progress: ProgressHook | None = N
     return results[0]
 
 
+def engine_record(engine: Engine) -> dict[str, object]:
+    """What an engine ran on, as every output records it: the rows and tokens of each model
+    forward (its fixed shape, which decides the cells) and the most rows a tick steps."""
+    shape = engine.forward_shape
+    return {
+        "block_rows": shape.rows,
+        "tokens_per_forward": shape.tokens_per_forward,
+        "rows_per_tick": engine.max_rows_per_forward,
+    }
+
+
 def _room(engine: Engine) -> bool:
     """Whether another job should wait in the queue: fewer rows wait than one tick can admit."""
     return (

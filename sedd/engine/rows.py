@@ -66,8 +66,9 @@ class JobState:
             if num_genes is None:  # validate_job refuses this; a guard, not a user error
                 raise RuntimeError("a job without x_init needs the model's number of genes.")
             self.x = start_tokens(
-                graph, job.num_cells, num_genes, device, seed=job.seed, first_cell=job.first_cell
-            )
+                graph, job.num_cells, num_genes, device,
+                seed=job.sampling.seed, first_cell=job.first_cell,
+            )  # fmt: skip
             self.active = np.full(job.num_cells, num_genes, dtype=np.int64)
         else:
             x = job.x_init.to(dtype=torch.long)  # (N, G) on the CPU: counted without a sync
@@ -79,7 +80,7 @@ class JobState:
         self.labels, self.cell_types, self.fixed = (
             None if v is None else v.to(device) for v in (job.labels, job.cell_types, job.fixed)
         )
-        self.grid = time_grid(job.steps, job.eps, job.grid).tolist()
+        self.grid = time_grid(job.sampling.steps, job.eps, job.sampling.time_grid).tolist()
 
     def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> StepProgress:
         """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
@@ -117,7 +118,7 @@ class RowBlock:
 
     def times(self) -> tuple[float, float]:
         """(t, s) of this block's next step; s = 0 is the final denoise."""
-        grid, steps = self.state.grid, self.state.job.steps
+        grid, steps = self.state.grid, self.state.job.sampling.steps
         s = 0.0 if self.step >= steps else grid[self.step + 1]
         return grid[self.step], s
 
@@ -172,12 +173,13 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepPlan]:
     offset, settings = 0, []
     for blk, lo, hi in spans:
         job, (t, s), end = blk.state.job, blk.times(), offset + hi - lo
-        analytic = job.sampler == "analytic"
-        reals[:, offset:end] = np.array([t, s, job.temperature, analytic])[:, None]
-        ints[0, offset:end] = job.seed
+        options = job.sampling
+        analytic = options.sampler == "analytic"
+        reals[:, offset:end] = np.array([t, s, options.temperature, analytic])[:, None]
+        ints[0, offset:end] = options.seed
         ints[1, offset:end] = np.arange(job.first_cell + lo, job.first_cell + hi)
         ints[2, offset:end] = blk.step
-        settings.append((s, analytic, job.temperature))
+        settings.append((s, analytic, options.temperature))
         offset = end
     real, integer = upload(reals, device), upload(ints, device)
 

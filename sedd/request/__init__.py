@@ -1,6 +1,6 @@
 """What a user asks for and how it becomes cells and engine jobs, for every front door.
 
-``plan``: the one request type (``SamplingOptions`` + ``GenerationRequest``) and the one
+``plan``: the one request type (``GenerationRequest``, holding a ``SamplingOptions``) and the one
 planning call (``plan`` -> ``Plan``: the cells, numbered once, and the engine jobs that run them);
 ``imputation``: observed counts (an ``.h5ad`` or lists) matched to the model's genes, as tokens;
 ``conditions``: the perturbation names a model is conditioned on, and files of them;

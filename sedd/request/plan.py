@@ -1,62 +1,31 @@
 """Requests and plans: what a user asks for, turned into cells and the engine's jobs.
 
-``SamplingOptions.resolve`` and ``GenerationRequest.of`` build the one request type; ``plan``
-is the one planning call. The Python API, ``sedd generate/predict/impute``, shard jobs and the
-server all call both. A ``Plan`` numbers the request's cells 0..N-1 (condition by condition),
-once per run, and turns any range of them into an ``EngineJob`` in which cell i draws from its
-own random stream (seed, i), so a cell does not depend on the batch, shard or server request
-that ran it. An imputation of N cells with ``n_samples`` k samples each k times: draw j of cell
-i is stream (seed, j * N + i) (``sedd.request.draws``), so draw 0 is the one-draw cell.
+``GenerationRequest`` is the one request type, holding one ``SamplingOptions`` value
+(``sedd.defaults``) carried whole; ``plan`` is the one planning call. The Python API,
+``sedd generate/predict/impute``, shard jobs and the server all build one and call it. A
+``Plan`` numbers the request's cells 0..N-1 (condition by condition), once per run, and turns
+any range of them into an ``EngineJob`` in which cell i draws from its own random stream
+(seed, i), so a cell does not depend on the batch, shard or server request that ran it. An
+imputation of N cells with ``n_samples`` k samples each k times: draw j of cell i is stream
+(seed, j * N + i) (``sedd.request.draws``), so draw 0 is the one-draw cell.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import torch
 
 from sedd.checkpoints import LoadedModel
-from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, TIME_GRIDS, TimeGrid, resolve_schedule
-from sedd.diffusion.sampling import Predictor
+from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
 from sedd.engine import EngineJob
 from sedd.request.draws import check_n_samples, draw_cell_index
 from sedd.request.imputation import Imputation
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How cells are sampled, whatever is asked for (vLLM's ``SamplingParams``): the schedule,
-    the reverse step, temperature, the seed and the cells in flight. ``resolve`` is the one
-    constructor every front door uses; ``GenerationRequest.of`` takes the result."""
-
-    steps: int = DEFAULT_STEPS
-    grid: TimeGrid = DEFAULT_GRID  # sedd.diffusion.sampling.time_grid
-    sampler: Predictor = "euler"
-    temperature: float = 1.0
-    seed: int = 0
-    batch_size: int = 64
-
-    @classmethod
-    def resolve(
-        cls,
-        steps: int | None = None,
-        time_grid: str | None = None,
-        *,
-        sampler: Predictor = "euler",
-        temperature: float = 1.0,
-        seed: int = 0,
-        batch_size: int = 64,
-    ) -> SamplingOptions:
-        """Options with the schedule resolved (``sedd.defaults.resolve_schedule``): neither
-        ``steps`` nor ``time_grid`` gives the tuned default; ``steps`` alone, st3's uniform grid.
-        ``GenerationRequest.validate`` checks the values once, before a run."""
-        steps, grid = resolve_schedule(steps, time_grid)
-        return cls(steps, grid, sampler, temperature, seed, batch_size)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -66,58 +35,28 @@ class GenerationRequest:
     ``conditions`` are condition names (conditional models only), generated in order; each gets
     ``cells_per_condition`` cells, or, when ``condition_counts`` is given (a label mix, or one
     condition per imputed cell as runs), its own count. A name listed k times gets k runs of
-    cells, numbered on. ``imputation`` holds observed counts that every cell keeps; its cells are
-    its rows, as many as the request's cells. ``batch_size`` is the number of cells per model
-    forward (rounded up to whole forward blocks); it never changes a cell. ``n_samples``
+    cells, numbered on. ``sampling`` is how they are sampled, one value carried whole to each
+    engine job (it checked itself when made). ``imputation`` holds observed counts that every
+    cell keeps; its cells are its rows, as many as the request's cells. ``n_samples``
     (imputation only): draws of each cell, whose mean the output adds beside the first draw
-    (``sedd.request.draws``); it never changes the first draw.
+    (``sedd.request.draws``); it never changes the first draw. How an engine runs the request
+    (cells in flight, rows a forward, CUDA graphs) is not part of it:
+    ``sedd.engine.EngineSettings``.
     """
 
     cells_per_condition: int
     conditions: tuple[str, ...] | None = None
     cell_type: str | None = None
-    steps: int = DEFAULT_STEPS
-    grid: TimeGrid = DEFAULT_GRID  # sedd.diffusion.sampling.time_grid
-    sampler: Predictor = "euler"
-    temperature: float = 1.0
-    seed: int = 0
-    batch_size: int = 64
-    # tokens per model forward; its rows (this // genes) are the forward's fixed shape, so it
-    # decides the cells (like the precision). None: the device's default.
-    tokens_per_forward: int | None = None
-    # replay each forward block from a captured CUDA graph (None: SEDD_CUDA_GRAPHS, else off);
-    # never changes a cell, so it is not part of the request's record or identity
-    cuda_graphs: bool | None = field(default=None, compare=False)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
     condition_counts: tuple[int, ...] | None = None  # cells of each of `conditions`
     n_samples: int = 1  # draws of each imputed cell; draw j of cell i: stream (seed, j * N + i)
 
-    @classmethod
-    def of(
-        cls,
-        cells_per_condition: int,
-        conditions: Sequence[str] | None,
-        cell_type: str | None,
-        sampling: SamplingOptions,
-        *,
-        tokens_per_forward: int | None = None,
-        cuda_graphs: bool | None = None,
-        imputation: Imputation | None = None,
-        condition_counts: Sequence[int] | None = None,
-        n_samples: int = 1,
-    ) -> GenerationRequest:
-        """The request every front door builds: what to generate, sampled as ``sampling`` says."""
-        return cls(
-            condition_counts=None if condition_counts is None else tuple(condition_counts),
-            cells_per_condition=cells_per_condition,
-            conditions=tuple(conditions) if conditions else None,
-            cell_type=cell_type,
-            **asdict(sampling),  # the sampling fields, by name
-            tokens_per_forward=tokens_per_forward,
-            cuda_graphs=cuda_graphs,
-            imputation=imputation,
-            n_samples=n_samples,
-        )
+    def __post_init__(self) -> None:  # sequences from callers, kept as tuples
+        for name in ("conditions", "condition_counts"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value) if len(value) else None)
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -130,28 +69,11 @@ class GenerationRequest:
     def num_cells(self) -> int:
         return sum(self.counts)
 
-    @property
-    def sampling(self) -> SamplingOptions:
-        return SamplingOptions(**{f.name: getattr(self, f.name) for f in fields(SamplingOptions)})
-
     def validate(self) -> None:
-        budget = self.tokens_per_forward
-        checks = {
-            "cells_per_condition": (self.cells_per_condition >= 1, ">= 1"),
-            "steps": (self.steps >= 1, ">= 1"),
-            "temperature": (self.temperature > 0, "> 0"),
-            "seed": (self.seed >= 0, ">= 0"),
-            "batch_size": (self.batch_size >= 1, ">= 1"),
-            "tokens_per_forward": (budget is None or budget >= 1, ">= 1 (or None)"),
-        }
-        for name, (ok, rule) in checks.items():
-            if not ok:
-                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)}.")
-        if self.sampler not in ("euler", "analytic"):
-            raise ValueError(f"`sampler` must be 'euler' or 'analytic', got {self.sampler!r}.")
-        if self.grid not in TIME_GRIDS:
-            grids = ", ".join(TIME_GRIDS)
-            raise ValueError(f"`time_grid` must be one of {grids}, got {self.grid!r}.")
+        if not isinstance(self.sampling, SamplingOptions):
+            raise TypeError(f"`sampling` must be a SamplingOptions, got {self.sampling!r}.")
+        if self.cells_per_condition < 1:
+            raise ValueError(f"`cells_per_condition` must be >= 1, got {self.cells_per_condition}.")
         counts = self.condition_counts
         if counts is not None and (len(counts) != len(self.conditions or ()) or min(counts) < 1):
             raise ValueError(
@@ -173,20 +95,14 @@ class GenerationRequest:
             )
 
     def record(self) -> dict[str, object]:
-        """The request as plain JSON values (provenance, manifests); imputation as its genes."""
+        """The request as plain JSON values (provenance, manifests, the run id); imputation as
+        its genes. Keys are those requests have always recorded, so run ids hold."""
         out: dict[str, object] = {
             "cells_per_condition": self.cells_per_condition,
             "conditions": list(self.conditions or []),
             "cell_type": self.cell_type,
-            "steps": self.steps,
-            "sampler": self.sampler,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "tokens_per_forward": self.tokens_per_forward,
+            **self.sampling.record(),
         }
-        if self.grid != "uniform":  # uniform runs keep the identity (run id, shards) they had
-            out["time_grid"] = self.grid
         if self.condition_counts is not None:  # absent otherwise: earlier identities hold
             out["condition_counts"] = list(self.condition_counts)
         if self.imputation is not None:
@@ -243,7 +159,7 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         if request.cell_type is not None:
             raise ValueError("pass one `cell_type` or a cell type per cell, not both.")
         frame["cell_type"] = list(imputed.cell_types)
-    frame["seed"] = request.seed
+    frame["seed"] = request.sampling.seed
     frame["cell_index"] = cell_index
     if imputed is not None and imputed.obs is not None:
         frame = _with_input_columns(frame, imputed.obs)
@@ -271,11 +187,10 @@ def _with_input_columns(frame: pd.DataFrame, given: pd.DataFrame) -> pd.DataFram
 
 def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
     """8 hex digits naming a request's cells: the same for the same model and request (its
-    batch size, forward block and number of draws aside, which never change a cell), different
+    number of draws aside, which never changes a cell), different
     for another seed, condition list, cell type, sampler setting or imputed input."""
     identity = request.record()
-    for key in ("batch_size", "tokens_per_forward", "n_samples"):
-        identity.pop(key, None)
+    identity.pop("n_samples", None)
     identity["model_sha256"] = loaded.file_hash
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
     if request.imputation is not None:
@@ -325,11 +240,7 @@ class Plan:
         request, imputed = self.request, self.request.imputation
         return EngineJob(
             num_cells=len(cells),
-            steps=request.steps,
-            grid=request.grid,
-            sampler=request.sampler,
-            temperature=request.temperature,
-            seed=request.seed,
+            sampling=request.sampling,
             first_cell=draw_cell_index(cells.start, draw, len(self)),
             labels=labels,
             cell_types=cell_types,
@@ -338,21 +249,25 @@ class Plan:
             deadline=deadline,
         )
 
-    def jobs(self, cells: range | None = None) -> Iterator[tuple[range, EngineJob]]:
-        """``request.batch_size`` cells at a time: (cell numbers, job), built as they are needed."""
+    def jobs(
+        self, cells: range | None = None, *, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> Iterator[tuple[range, EngineJob]]:
+        """``batch_size`` cells at a time: (cell numbers, job), built as they are needed."""
         cells = range(len(self)) if cells is None else cells
         if cells.start < 0 or cells.stop > len(self):
             raise ValueError(f"cells {cells} are outside the request's 0..{len(self)} cells.")
-        size = self.request.batch_size
+        size = batch_size
         for lo in range(cells.start, cells.stop, size):
             batch = range(lo, min(lo + size, cells.stop))
             yield batch, self.job(batch)
 
-    def draw_jobs(self, cells: range | None = None) -> Iterator[tuple[range, int, EngineJob]]:
-        """Every draw of ``cells``, ``request.batch_size`` cells at a time: (cell numbers, draw,
+    def draw_jobs(
+        self, cells: range | None = None, *, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> Iterator[tuple[range, int, EngineJob]]:
+        """Every draw of ``cells``, ``batch_size`` cells at a time: (cell numbers, draw,
         job), a batch's ``n_samples`` draws one after another, draw 0 first, so the mean of one
         batch is complete before the next batch runs. One draw: ``jobs``, draw 0 each."""
-        for batch, first in self.jobs(cells):
+        for batch, first in self.jobs(cells, batch_size=batch_size):
             yield batch, 0, first
             for draw in range(1, self.request.n_samples):
                 yield batch, draw, self.job(batch, draw=draw)

@@ -18,10 +18,14 @@ def run_provenance(
     precision: PrecisionPolicy,
     stats: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
+    *,
+    engine: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad);
-    imputations also record how many genes were observed and which were dropped, and, with
-    several draws, ``n_samples`` and the layer holding their mean (``mean_layer``)."""
+    """The ``uns`` every output of ``request`` records (API, CLI file, shard, server h5ad):
+    the request, the model, the precision and ``engine``, what the engine ran on
+    (``sedd.engine.engine_record``: rows and tokens a forward, rows a tick). Imputations
+    also record how many genes were observed and which were dropped, and, with several draws,
+    ``n_samples`` and the layer holding their mean (``mean_layer``)."""
     imputed = request.imputation
     if imputed is not None:
         observed = {"observed_genes": len(imputed.genes), "dropped_genes": imputed.dropped_genes}
@@ -30,16 +34,17 @@ def run_provenance(
         draws = {"n_samples": request.n_samples, "mean_layer": MEAN_LAYER}
         extra = {**draws, **(extra or {})}
     return provenance_uns(
-        sampler=request.sampler,
-        steps=request.steps,
-        seed=request.seed,
-        temperature=request.temperature,
+        sampler=request.sampling.sampler,
+        steps=request.sampling.steps,
+        seed=request.sampling.seed,
+        temperature=request.sampling.temperature,
         precision_record=precision.record(int(stats.get("fp32_fallbacks") or 0)),
         checkpoint_hash=loaded.file_hash,
         timings=stats,
         extra={
             "model": str(loaded.path),
             "request": request.record(),
+            "engine": dict(engine),
             **model_provenance(loaded),
             **(extra or {}),
         },

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+from engine_models import request_of
 
 from sedd.batch.manifest import ShardOutputError
 from sedd.batch.merge import MergeError, merge_shards
@@ -19,9 +20,10 @@ from sedd.batch.shard_job import prepare_shard
 from sedd.batch.shards import Shard
 from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
+from sedd.engine import EngineSettings
 from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 
 ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]
@@ -219,17 +221,17 @@ def test_killed_shard_resumes_from_finished_batches_to_identical_result(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = load_checkpoint(model)
-    request = GenerationRequest(
+    request = request_of(
         cells_per_condition=3,
         conditions=("non-targeting", *PERTURBATIONS),
         steps=3,
         seed=7,
-        batch_size=2,
     )
     out_dir = tmp_path / "run"
     job = prepare_shard(
-        plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, Shard(0, 1)
-    )
+        plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, Shard(0, 1),
+        EngineSettings(batch_size=2),
+    )  # fmt: skip
     save = job._save_part
 
     def save_then_kill(cells: range, counts: np.ndarray) -> None:
@@ -348,8 +350,10 @@ def _run_shard_directly(model: Path, out_dir: Path, shard: Shard) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         loaded = load_checkpoint(model)
-    request = GenerationRequest(3, ("non-targeting", *PERTURBATIONS), steps=3, seed=7)
-    prepare_shard(plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, shard)
+    request = request_of(3, ("non-targeting", *PERTURBATIONS), steps=3, seed=7)
+    prepare_shard(
+        plan(loaded, request), resolve_precision("fp32", "cpu"), out_dir, shard, EngineSettings()
+    )
 
 
 def test_shard_defaults_from_slurm_array_env(

@@ -17,18 +17,20 @@ import pandas as pd
 import pytest
 import torch
 from devices import EMULATED
+from engine_models import request_of
 
 from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
+from sedd.engine import EngineSettings
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
 from sedd.train.config import TrainConfig
 from sedd.train.trainer import Trainer
 
 
-def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:
+def generate(loaded, request: GenerationRequest, precision, **kw) -> GenerationResult:
     """The request alone, offline: the library's one plan, run on an in-process engine."""
-    return run_plan(plan(loaded, request), precision)
+    return run_plan(plan(loaded, request), precision, **kw)
 
 
 N_CELLS, MODULE, OTHER = 800, 6, 6
@@ -90,8 +92,9 @@ def trained(tmp_path_factory):
 
 
 def _sample(loaded, steps: int) -> np.ndarray:
-    request = GenerationRequest(cells_per_condition=400, steps=steps, seed=0, batch_size=400)
-    counts = generate(loaded, request, resolve_precision("fp32", loaded.device)).counts
+    request = request_of(cells_per_condition=400, steps=steps, seed=0)
+    precision, settings = resolve_precision("fp32", loaded.device), EngineSettings(batch_size=400)
+    counts = generate(loaded, request, precision, settings=settings).counts
     return np.asarray(counts.toarray() if hasattr(counts, "toarray") else counts)
 
 

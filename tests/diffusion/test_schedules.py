@@ -11,6 +11,7 @@ import anndata
 import numpy as np
 import pytest
 import torch
+from engine_models import request_of
 from server_client import make_settings, served
 from server_models import save_tiny_model
 
@@ -19,7 +20,6 @@ from sedd.cli import main as sedd_main
 from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
 from sedd.diffusion.sampling import time_grid
 from sedd.models.st3 import _ST3Base
-from sedd.request.plan import GenerationRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -53,11 +53,11 @@ def test_steps_alone_keep_the_uniform_grid_and_nothing_gives_the_default() -> No
 
 
 def test_a_request_records_its_grid_only_when_it_is_not_uniform() -> None:
-    uniform = GenerationRequest(cells_per_condition=2, steps=5)
+    uniform = request_of(cells_per_condition=2, steps=5)
     assert "time_grid" not in uniform.record()  # run ids and shard manifests of before hold
-    assert GenerationRequest(2, steps=5, grid="cosine").record()["time_grid"] == "cosine"
+    assert request_of(2, steps=5, grid="cosine").record()["time_grid"] == "cosine"
     with pytest.raises(ValueError, match="time_grid"):
-        GenerationRequest(2, steps=5, grid="log").validate()  # type: ignore[arg-type]
+        request_of(2, steps=5, grid="log").validate()  # type: ignore[arg-type]
 
 
 async def test_the_cosine_grid_gives_the_same_cells_through_api_cli_and_server(

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_models import FP32, LOADED, job
+from engine_models import FP32, LOADED, engine_job, job
 
 from sedd.checkpoints import LoadedModel, load_checkpoint
-from sedd.engine import Engine, EngineFull, EngineJob
+from sedd.engine import Engine, EngineFull
 from sedd.engine.admission import Work, Workload
 from sedd.engine.sharing import reserve_rows
 
@@ -57,11 +57,11 @@ def test_finish_estimate_matches_the_engine_and_never_errs_short(
     engine, seen = _engine(uniform_model, max_rows_per_forward=budget,
                            max_rows_in_flight=in_flight)  # fmt: skip
     for i, (cells, steps) in enumerate(running):
-        engine.submit(EngineJob(cells, steps=steps, seed=i))
+        engine.submit(engine_job(cells, steps=steps, seed=i))
     engine.tick()
     engine.forward_seconds = 1.0  # price in forwards
     workload = engine.workload()
-    new_job = EngineJob(new[0], steps=new[1], seed=9)
+    new_job = engine_job(new[0], steps=new[1], seed=9)
     predicted = workload.finish_seconds(Work.of_queued(new_job))
     start = seen.calls
     handle = engine.submit(new_job)

@@ -19,13 +19,14 @@ import pytest
 import torch
 from arrays import dense
 from devices import DEVICE, ON_CUDA
+from engine_models import request_of
 from server_client import make_settings, served
 
 import sedd
 from sedd.checkpoints import load_checkpoint, save_native
 from sedd.engine import Engine, run_job
 from sedd.engine.forwards import block_rows_for
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 
 pytestmark = pytest.mark.anyio
 
@@ -110,9 +111,9 @@ def test_cells_are_identical_for_batch_sizes_3_7_32_and_64(small: sedd.Model) ->
 def test_jobs_packed_together_match_each_job_run_alone(small: sedd.Model) -> None:
     loaded, policy = small.loaded, small.policy
     requests = [  # 9 rows: one 16-row block on CPU holds rows of all three jobs
-        GenerationRequest(3, ("GENE_A",), steps=3, seed=1),
-        GenerationRequest(4, ("GENE_C",), steps=2, seed=2, temperature=0.7, sampler="analytic"),
-        GenerationRequest(2, ("non-targeting",), steps=4, seed=3),
+        request_of(3, ("GENE_A",), steps=3, seed=1),
+        request_of(4, ("GENE_C",), steps=2, seed=2, temperature=0.7, sampler="analytic"),
+        request_of(2, ("non-targeting",), steps=4, seed=3),
     ]
     jobs = [plan(loaded, r).job() for r in requests]
     jobs[2] = dataclasses.replace(jobs[2], first_cell=5)  # cells 5, 6 of a larger request

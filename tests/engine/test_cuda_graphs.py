@@ -7,7 +7,6 @@ the switches and the fallback on any device.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import pytest
@@ -33,8 +32,8 @@ def run_jobs(sampler: Sampler, jobs: list[EngineJob]) -> list[torch.Tensor]:
 def mixed_jobs() -> list[EngineJob]:
     return [
         job(5, steps=6, seed=1),
-        dataclasses.replace(job(3, steps=4, seed=2, label=2), sampler="analytic"),
-        dataclasses.replace(job(2, steps=5, seed=3, label=3), temperature=0.6),
+        job(3, steps=4, seed=2, label=2, sampler="analytic"),
+        job(2, steps=5, seed=3, label=3, temperature=0.6),
     ]
 
 

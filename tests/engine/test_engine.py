@@ -9,17 +9,30 @@ from pathlib import Path
 import pytest
 import torch
 from devices import DEVICE
-from engine_models import BINS, FP32, GENES, LOADED, PERTS, job, run_until_idle, solo
+from engine_models import (
+    BINS,
+    FP32,
+    GENES,
+    LOADED,
+    PERTS,
+    engine_job,
+    job,
+    request_of,
+    run_until_idle,
+    solo,
+)
 from torch import nn
 
 from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
+from sedd.defaults import OptionError
 from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows
 from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
 from sedd.engine import (
     Engine,
     EngineFull,
     EngineJob,
+    EngineSettings,
     EngineStopped,
     JobCancelled,
     JobResult,
@@ -30,7 +43,7 @@ from sedd.engine import (
 )
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 
 
 class Recorder:
@@ -108,9 +121,9 @@ def test_packed_jobs_with_a_late_joiner_match_their_solo_runs_exactly():
     for j, h in zip([*jobs, late], handles, strict=True):
         result = h.future.result(timeout=0)
         assert torch.equal(result.tokens, solo(j)), j
-        assert 1 <= result.forwards <= j.steps + 1 and result.fp32_fallbacks == 0
+        assert 1 <= result.forwards <= j.sampling.steps + 1 and result.fp32_fallbacks == 0
         assert int(result.tokens.max()) < BINS
-    solo_forwards = sum(j.steps + 1 for j in [*jobs, late])
+    solo_forwards = sum(j.sampling.steps + 1 for j in [*jobs, late])
     # every packed step is one block here (block_rows 102 >= the rows in flight): one call each
     # 8 steps of the longest job; its denoise found no mask left and ran no forward
     assert len(rec.forwards) == len(calls) == rec.calls == 8 < solo_forwards
@@ -377,15 +390,15 @@ def test_imputation_keeps_given_tokens_and_matches_a_solo_run():
 
 
 def test_one_job_for_a_whole_request_matches_generate_in_batches():
-    request = GenerationRequest(
+    request = request_of(
         cells_per_condition=2, conditions=("A", "C"), cell_type="NK", steps=4, seed=9,
-        sampler="analytic", temperature=0.8, batch_size=3,
+        sampler="analytic", temperature=0.8,
     )  # fmt: skip
     engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=3)
     handle = engine.submit(plan(LOADED, request).job())
     run_until_idle(engine)
     counts = tokens_to_counts(handle.future.result(timeout=0).tokens, BINS)
-    expected = run_plan(plan(LOADED, request), FP32).counts
+    expected = run_plan(plan(LOADED, request), FP32, settings=EngineSettings(batch_size=3)).counts
     assert (counts == expected).all()
 
 
@@ -393,9 +406,6 @@ def test_one_job_for_a_whole_request_matches_generate_in_batches():
     ("change", "message"),
     [
         ({"num_cells": 0}, "`num_cells` must be >= 1, got 0"),
-        ({"steps": 0}, "`steps` must be >= 1, got 0"),
-        ({"temperature": float("nan")}, "`temperature` must be finite, > 0, got nan"),
-        ({"sampler": "ddpm"}, "`sampler` must be 'euler' or 'analytic', got 'ddpm'"),
         ({"labels": None}, "`labels` must be given"),
         ({"labels": torch.tensor([0, 4])}, r"`labels` must be indices in \[0, 4\)"),
         ({"cell_types": torch.tensor([0, 2])}, r"`cell_types` must be indices in \[0, 2\)"),
@@ -410,6 +420,22 @@ def test_bad_jobs_are_refused_naming_the_field_and_value(change, message):
     assert engine.queued_jobs == 0
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"steps": 0}, "`steps` must be >= 1, got 0"),
+        ({"temperature": float("nan")}, "`temperature` must be finite and > 0, got nan"),
+        ({"sampler": "ddpm"}, "`sampler` must be one of euler, analytic, got 'ddpm'"),
+        ({"seed": -1}, r"`seed` must be in \[0, 2\*\*63 - 1\], got -1"),
+    ],
+)
+def test_bad_sampling_options_are_refused_before_any_job_exists(change, message):
+    """The options check themselves when made, so no job carries a bad one to the engine."""
+    with pytest.raises(OptionError, match=message) as err:
+        dataclasses.replace(job(2).sampling, **change)
+    assert err.value.field == next(iter(change))
+
+
 def test_uniform_graph_score_model_jobs_match_their_solo_runs():
     # The reference SEDD uniform-graph fixture: random starting tokens from each cell's seed.
     ref = Path(__file__).resolve().parents[1] / "data" / "sedd_reference" / "uniform" / "hf"
@@ -417,16 +443,18 @@ def test_uniform_graph_score_model_jobs_match_their_solo_runs():
         loaded = load_checkpoint(ref)
     engine = Engine.for_model(loaded, FP32)
     jobs = [
-        EngineJob(num_cells=2, steps=3, seed=5),
-        EngineJob(num_cells=3, steps=2, sampler="analytic", seed=9, first_cell=4),
+        engine_job(num_cells=2, steps=3, seed=5),
+        engine_job(num_cells=3, steps=2, sampler="analytic", seed=9, first_cell=4),
     ]
     handles = [engine.submit(j) for j in jobs]
     run_until_idle(engine)
     for j, handle in zip(jobs, handles, strict=True):
-        cls = AnalyticSampler if j.sampler == "analytic" else EulerSampler
+        options = j.sampling
+        cls = AnalyticSampler if options.sampler == "analytic" else EulerSampler
         sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32)
         want = sampler.sample(
-            j.num_cells, steps=j.steps, num_genes=64, seed=j.seed, first_cell=j.first_cell
+            j.num_cells, steps=options.steps, num_genes=64, seed=options.seed,
+            first_cell=j.first_cell,
         )
         assert torch.equal(handle.future.result().tokens, want)
 

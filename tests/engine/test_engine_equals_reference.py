@@ -20,6 +20,7 @@ from devices import DEVICE
 from engine_models import FP32, LOADED
 
 import sedd
+from sedd.defaults import SamplingOptions
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.reference import reference_sample
@@ -33,10 +34,9 @@ SAMPLERS, GRIDS = ("euler", "analytic"), ("uniform", "cosine")
 def reference_of(sampler: Sampler, job: EngineJob, num_genes: int | None) -> torch.Tensor:
     """The job's cells from the reference loop, on the engine's own sampler (same blocks)."""
     return reference_sample(
-        sampler, job.x_init, num_cells=job.num_cells, num_genes=num_genes, steps=job.steps,
-        predictor=job.sampler, seed=job.seed, first_cell=job.first_cell,
-        temperature=job.temperature, eps=job.eps, grid=job.grid, denoise=job.denoise,
-        fixed=job.fixed, labels=job.labels, cell_types=job.cell_types,
+        sampler, job.x_init, job.sampling, num_cells=job.num_cells, num_genes=num_genes,
+        first_cell=job.first_cell, eps=job.eps, denoise=job.denoise, fixed=job.fixed,
+        labels=job.labels, cell_types=job.cell_types,
     ).cpu()  # fmt: skip
 
 
@@ -50,10 +50,8 @@ def sampling_jobs(num_cells: int, **conditioning: object) -> list[EngineJob]:
     """One job per sampler x grid x temperature, each on its own seed and cells."""
     jobs = []
     for k, (sampler, grid, temp) in enumerate(itertools.product(SAMPLERS, GRIDS, (1.0, 0.7))):
-        jobs.append(EngineJob(
-            num_cells, steps=3 + k % 3, sampler=sampler, grid=grid, temperature=temp, seed=k,
-            first_cell=5 * k, **conditioning,  # type: ignore[arg-type]
-        ))  # fmt: skip
+        options = SamplingOptions(3 + k % 3, grid, sampler, temp, seed=k)  # type: ignore[arg-type]
+        jobs.append(EngineJob(num_cells, options, first_cell=5 * k, **conditioning))  # type: ignore[arg-type]
     return jobs
 
 
@@ -63,7 +61,7 @@ def assert_engine_equals_reference(
     engine = Engine(sampler, limits, max_rows_per_forward=rows_per_tick)
     for job, cells in zip(jobs, run_together(engine, jobs), strict=True):
         expected = reference_of(sampler, job, limits.num_genes)
-        assert torch.equal(cells, expected), (job.sampler, job.grid, job.temperature)
+        assert torch.equal(cells, expected), job.sampling
 
 
 def random_weights(model: torch.nn.Module) -> torch.nn.Module:
@@ -129,7 +127,7 @@ def test_imputation_keeps_given_genes_and_equals_the_reference():
     sampler = Sampler(LOADED.model, LOADED.noise, LOADED.graph, precision=FP32, block_rows=3)
     jobs = sampling_jobs(n, labels=labels, x_init=x_init, fixed=fixed)
     # a generated job rides along in the same forwards as the imputations
-    jobs.append(EngineJob(n, steps=4, labels=labels, seed=99))
+    jobs.append(EngineJob(n, SamplingOptions(4, seed=99), labels=labels))
     assert_engine_equals_reference(sampler, ModelLimits.of_model(LOADED), jobs, rows_per_tick=6)
     cells = reference_of(sampler, jobs[0], genes)
     assert torch.equal(cells[fixed], x_init[fixed]) and (cells != mask).all()
@@ -141,7 +139,7 @@ def test_the_bundled_model_through_its_engine():
     loaded = model.loaded
     engine = Engine.for_model(loaded, FP32, max_rows_per_forward=4)
     jobs = [
-        EngineJob(3, steps=4, sampler=sampler, grid=grid, seed=k, labels=torch.full((3,), k + 1))
+        EngineJob(3, SamplingOptions(4, grid, sampler, seed=k), labels=torch.full((3,), k + 1))  # type: ignore[arg-type]
         for k, (sampler, grid) in enumerate(itertools.product(SAMPLERS, GRIDS))
     ]
     for job, cells in zip(jobs, run_together(engine, jobs), strict=True):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_models import FP32, LOADED, job, run_until_idle, solo
+from engine_models import FP32, LOADED, engine_job, job, run_until_idle, solo
 
 from sedd.checkpoints import LoadedModel, load_checkpoint
-from sedd.engine import Engine, EngineFull, EngineJob
+from sedd.engine import Engine, EngineFull
 from sedd.engine.sharing import fair_shares, first_come_shares
 
 
@@ -109,14 +109,14 @@ def test_ticks_until_room_is_the_wait_the_queue_really_has(uniform_model, first,
     is exact; an absorbing graph's rows can run out of masks early, and then it errs long."""
     engine = Engine.for_model(uniform_model, FP32, max_rows_per_forward=4, max_rows_in_flight=6,
                               max_queued_jobs=2, fair=True)  # fmt: skip
-    engine.submit(EngineJob(first[0], steps=first[1], seed=1))
-    engine.submit(EngineJob(second[0], steps=second[1], seed=2))
+    engine.submit(engine_job(first[0], steps=first[1], seed=1))
+    engine.submit(engine_job(second[0], steps=second[1], seed=2))
     engine.tick()  # both start: 6 rows in flight, the cap
     # the queue's two places, with more rows than the reserve for small jobs (one row here)
-    engine.submit(EngineJob(2, steps=2, seed=3))
-    engine.submit(EngineJob(2, steps=2, seed=4))
+    engine.submit(engine_job(2, steps=2, seed=3))
+    engine.submit(engine_job(2, steps=2, seed=4))
     with pytest.raises(EngineFull) as err:
-        engine.submit(EngineJob(1, steps=2, seed=5))
+        engine.submit(engine_job(1, steps=2, seed=5))
     predicted = engine.ticks_until_room()
     assert err.value.retry_after > 0
     waited = 0

@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from engine_models import engine_job
 
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.sampling import Sampler
-from sedd.engine import Engine, EngineJob, ModelLimits, run_job
+from sedd.engine import Engine, ModelLimits, run_job
 from sedd.engine.monitor import Monitor, NvmlProbe
 from sedd.models.st3 import SEDDTransformer
 from sedd.precision import resolve_precision
@@ -49,7 +50,7 @@ def test_sampler_forwards_rows_and_rates_are_counted_exactly() -> None:
         engine = Engine(sampler, ModelLimits.of_module(model), observer=monitor)
         calls: list[int] = []
         hook = model.register_forward_hook(lambda *_: calls.append(1))
-        result = run_job(engine, EngineJob(cells, steps, seed=0))
+        result = run_job(engine, engine_job(cells, steps, seed=0))
         hook.remove()
     snap = monitor.snapshot()
     # the model calls themselves: 4 steps, and no denoise (4 uniform steps to t = 1e-5 leave

@@ -8,12 +8,12 @@ are not asserted here (``sedd bench --overhead`` prints them).
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 
 import pytest
 import torch
 from checkpoint_files import ST3
+from engine_models import engine_job
 
 from sedd.bench.overhead import profile_ticks
 from sedd.checkpoints import LoadedModel, load_checkpoint
@@ -45,13 +45,13 @@ def steady_tick(loaded: LoadedModel, jobs: list[EngineJob]) -> tuple[float, floa
 
 @pytest.mark.parametrize("rows", [1, 16, 64, 256])
 def test_a_tick_reads_back_once_whatever_the_rows(tiny_mlm: LoadedModel, rows: int):
-    ops, syncs = steady_tick(tiny_mlm, [EngineJob(rows, steps=10, seed=3)])
+    ops, syncs = steady_tick(tiny_mlm, [engine_job(rows, steps=10, seed=3)])
     assert syncs == 1  # the engine's one small readback; no item/nonzero anywhere
     assert ops > 100
 
 
 def test_ops_per_tick_do_not_grow_with_rows(tiny_mlm: LoadedModel):
-    counts = {rows: steady_tick(tiny_mlm, [EngineJob(rows, steps=10, seed=3)])[0]
+    counts = {rows: steady_tick(tiny_mlm, [engine_job(rows, steps=10, seed=3)])[0]
               for rows in (1, 16, 64, 256)}  # fmt: skip
     print(counts)
     assert abs(counts[256] - counts[1]) <= 0.05 * counts[1]
@@ -66,12 +66,12 @@ def test_a_tick_of_mixed_requests_still_reads_back_once(tiny_mlm: LoadedModel):
     x_init[:, :10] = 2
     fixed = torch.zeros(3, genes, dtype=torch.bool)
     fixed[:, :10] = True
-    base = EngineJob(4, steps=8, seed=1)
+    base = engine_job(4, steps=8, seed=1)
     jobs = [
         base,
-        dataclasses.replace(base, sampler="analytic", temperature=0.7, seed=2),
-        dataclasses.replace(base, num_cells=3, x_init=x_init, fixed=fixed, seed=3),
-        dataclasses.replace(base, steps=1, seed=4),  # at its final denoise on the measured tick
+        engine_job(4, steps=8, sampler="analytic", temperature=0.7, seed=2),
+        engine_job(3, steps=8, x_init=x_init, fixed=fixed, seed=3),
+        engine_job(4, steps=1, seed=4),  # at its final denoise on the measured tick
     ]
     ops, syncs = steady_tick(tiny_mlm, jobs)
     assert syncs == 1 and ops > 100
@@ -84,7 +84,7 @@ def test_the_step_path_has_no_data_dependent_ops(tiny_mlm: LoadedModel):
         tiny_mlm.model, tiny_mlm.noise, tiny_mlm.graph, precision=FP32, block_rows=BLOCK
     )
     engine = Engine(sampler, ModelLimits.of_model(tiny_mlm), max_rows_per_forward=BLOCK)
-    engine.submit(EngineJob(5, steps=6, seed=0))
+    engine.submit(engine_job(5, steps=6, seed=0))
     engine.tick()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         engine.tick()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from engine_models import request_of
 
 from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
@@ -40,7 +41,7 @@ def test_conditional_output_is_accepted_by_cell_eval(tmp_path):
     control = loaded.config.control_label
     assert control is not None
     labels = tuple(loaded.config.perturbations)
-    request = GenerationRequest(cells_per_condition=8, conditions=labels, steps=8, seed=0)
+    request = request_of(cells_per_condition=8, conditions=labels, steps=8, seed=0)
     result = generate(loaded, request, resolve_precision("fp32", "cpu"))
     pred = write_cells_h5ad(
         tmp_path / "pred.h5ad",

@@ -10,6 +10,7 @@ from devices import DEVICE
 
 from sedd.checkpoints import LoadedModel
 from sedd.checkpoints.schema import ModelConfig
+from sedd.defaults import OPTION_NAMES, SamplingOptions
 from sedd.diffusion.graph import graph_from_config
 from sedd.diffusion.noise import noise_from_config
 from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
@@ -17,6 +18,7 @@ from sedd.engine import Engine, EngineJob
 from sedd.engine.forwards import block_rows_for
 from sedd.models.st3 import SEDDPerturbationTransformer
 from sedd.precision import PrecisionPolicy
+from sedd.request.plan import GenerationRequest
 
 GENES, BINS, PERTS = 10, 5, 4
 FP32 = PrecisionPolicy(device=DEVICE, amp_dtype=None)
@@ -61,19 +63,22 @@ LOADED = tiny_loaded()
 
 def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
     """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
-    cls = AnalyticSampler if job.sampler == "analytic" else EulerSampler
+    options = job.sampling
+    cls = AnalyticSampler if options.sampler == "analytic" else EulerSampler
     rows = block_rows_for(GENES, DEVICE)  # what Engine.for_model uses
     sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
     return sampler.sample(
-        job.num_cells, steps=job.steps, num_genes=GENES, seed=job.seed, first_cell=job.first_cell,
-        labels=job.labels, cell_types=job.cell_types, temperature=job.temperature,
+        job.num_cells, steps=options.steps, num_genes=GENES, seed=options.seed,
+        first_cell=job.first_cell, labels=job.labels, cell_types=job.cell_types,
+        temperature=options.temperature, time_grid=options.time_grid,
         x_init=job.x_init, fixed=job.fixed,
     ).cpu()  # fmt: skip
 
 
 def job(n: int, steps: int = 4, label: int = 1, **kw: object) -> EngineJob:
     labels = torch.full((n,), label, dtype=torch.long)
-    return EngineJob(n, steps, labels=labels, cell_types=torch.zeros(n, dtype=torch.long), **kw)  # type: ignore[arg-type]
+    cell_types = torch.zeros(n, dtype=torch.long)
+    return engine_job(n, steps, labels=labels, cell_types=cell_types, **kw)
 
 
 def run_until_idle(engine: Engine, limit: int = 200) -> int:
@@ -82,3 +87,28 @@ def run_until_idle(engine: Engine, limit: int = 200) -> int:
         ticks += 1
         assert ticks < limit
     return ticks
+
+
+def split_options(kw: dict[str, object]) -> SamplingOptions:
+    """The sampling options among keywords (``grid`` spelled as the engine job once spelled
+    it), removed from ``kw``; the rest stay."""
+    if "grid" in kw:
+        kw["time_grid"] = kw.pop("grid")
+    return SamplingOptions(**{name: kw.pop(name) for name in OPTION_NAMES if name in kw})  # type: ignore[arg-type]
+
+
+def engine_job(num_cells: int, steps: int | None = None, **kw: object) -> EngineJob:
+    """An ``EngineJob`` with its sampling options given flat, as tests write them."""
+    if steps is not None:
+        kw["steps"] = steps
+    return EngineJob(num_cells, split_options(kw), **kw)  # type: ignore[arg-type]
+
+
+def request_of(
+    cells_per_condition: int,
+    conditions: tuple[str, ...] | None = None,
+    cell_type: str | None = None,
+    **kw: object,
+) -> GenerationRequest:
+    """A ``GenerationRequest`` with its sampling options given flat, as tests write them."""
+    return GenerationRequest(cells_per_condition, conditions, cell_type, split_options(kw), **kw)  # type: ignore[arg-type]

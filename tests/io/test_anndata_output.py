@@ -46,7 +46,9 @@ def test_bundled_model_cells_carry_bulk_labels_seed_and_stream(
     assert back.uns["sedd"]["label_key"] == "bulk_labels"
     # uns holds real nulls: the request's cell_type was not given
     assert back.uns["sedd"]["request"]["cell_type"] is None
-    assert back.uns["sedd"]["request"]["tokens_per_forward"] is None
+    assert "tokens_per_forward" not in back.uns["sedd"]["request"]  # the engine's: below
+    engine = back.uns["sedd"]["engine"]  # what the engine ran: 1024 tokens a forward on a CPU
+    assert engine["tokens_per_forward"] == engine["block_rows"] * back.n_vars
     assert "None" not in list(_strings(back.uns))
 
 

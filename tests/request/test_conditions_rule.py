@@ -9,11 +9,12 @@ import warnings
 import pytest
 import torch
 from checkpoint_files import ST3
+from engine_models import request_of
 
 from sedd.api import Model
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 from server.decoding import one_condition
 from server.errors import FieldError
 
@@ -30,8 +31,8 @@ def test_a_model_with_names_only_in_its_vectors_is_conditional_on_every_path():
     assert Model(loaded, FP32).conditions == names  # the Python API
     assert one_condition(loaded, names[1]) == (names[1],)  # the server takes a condition
     with pytest.raises(ValueError, match=r"conditioned on perturbations: pass `conditions`"):
-        plan(loaded, GenerationRequest(cells_per_condition=1))
-    cells = plan(loaded, GenerationRequest(cells_per_condition=2, conditions=tuple(names))).cells
+        plan(loaded, request_of(cells_per_condition=1))
+    cells = plan(loaded, request_of(cells_per_condition=2, conditions=tuple(names))).cells
     assert list(cells["condition"]) == [n for n in names for _ in range(2)]
 
 

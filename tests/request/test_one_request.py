@@ -16,9 +16,10 @@ from sedd.api import Model
 from sedd.checkpoints import load_checkpoint
 from sedd.cli import _parse, main
 from sedd.commands.output import request_from_args
+from sedd.defaults import SamplingOptions
 from sedd.engine import EngineJob
 from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, SamplingOptions, plan
+from sedd.request.plan import GenerationRequest, plan
 from server.planning import plan_body
 from server.schemas import GenerateRequest
 
@@ -42,9 +43,7 @@ def test_every_front_door_builds_the_same_request_and_engine_job(tmp_path: Path)
     model_dir = save_tiny_model(tmp_path / "tiny")
     loaded = load_checkpoint(model_dir)
     condition = PERTURBATIONS[2]
-    sampling = SamplingOptions.resolve(
-        4, None, sampler="analytic", temperature=0.8, seed=5, batch_size=64
-    )
+    sampling = SamplingOptions.resolve(4, None, sampler="analytic", temperature=0.8, seed=5)
     api = Model(loaded, FP32)._request(3, [condition], None, sampling)
     args = _parse(["generate", "--model", str(model_dir), "--conditions", condition,
                    "--cells", "3", "--steps", "4", "--sampler", "analytic", "--temperature",
@@ -55,10 +54,8 @@ def test_every_front_door_builds_the_same_request_and_engine_job(tmp_path: Path)
     )
     settings = make_settings(model_dir)
     assert api == cli == body.to_request(loaded, settings)
-    assert api == GenerationRequest.of(3, [condition], None, sampling)
-    assert (
-        api.sampling == sampling == dataclasses.replace(body.to_sampling(settings), batch_size=64)
-    )
+    assert api == GenerationRequest(3, (condition,), None, sampling)
+    assert api.sampling == sampling == body.to_sampling(settings)
     server = plan_body(loaded, settings, body)
     planned = plan(loaded, api)
     assert list(planned.cells.index) == list(plan(loaded, cli).cells.index)
@@ -70,7 +67,7 @@ def test_every_front_door_builds_the_same_request_and_engine_job(tmp_path: Path)
     shards = [job for cells in (range(0, 2), range(2, 3)) for _, job in planned.jobs(cells)]
     assert [j.first_cell for j in shards] == [0, 2]
     assert torch.equal(torch.cat([j.labels for j in shards]), whole.labels)
-    assert all(j.seed == whole.seed and j.steps == whole.steps for j in shards)
+    assert all(j.sampling == whole.sampling for j in shards)
 
 
 def test_each_front_door_plans_a_run_once(tmp_path: Path, monkeypatch):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from devices import DEVICE, ON_CUDA
+from engine_models import request_of
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
@@ -28,7 +29,7 @@ from sedd.checkpoints import load_checkpoint
 from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine.monitor import MonitorSnapshot
 from sedd.precision import resolve_precision
-from sedd.request.plan import GenerationRequest, plan
+from sedd.request.plan import plan
 from server.app import create_app, preload
 from server.metrics import ServiceMetrics, monitor_families
 
@@ -44,7 +45,7 @@ def solo_counts(model_dir: Path, **request: object) -> np.ndarray:
     """The same request run alone through the library (no server, no batching)."""
     loaded = load_checkpoint(model_dir, device=DEVICE)
     precision = resolve_precision("fp32", DEVICE)
-    return run_plan(plan(loaded, GenerationRequest(**request)), precision).counts  # type: ignore[arg-type]
+    return run_plan(plan(loaded, request_of(**request)), precision).counts  # type: ignore[arg-type]
 
 
 async def test_healthz_needs_no_key_and_readyz_reports_an_idle_engine(model_dir: Path) -> None:

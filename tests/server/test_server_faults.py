@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from devices import DEVICE
+from engine_models import request_of
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
@@ -65,7 +66,7 @@ async def test_concurrent_clients_each_get_their_solo_result(model_dir: Path) ->
         assert response.status_code == 200
         solo = generate(
             loaded,
-            GenerationRequest(
+            request_of(
                 cells_per_condition=body["num_cells"],
                 conditions=(body["condition"],),
                 steps=body["steps"],
@@ -117,7 +118,7 @@ async def test_a_small_request_runs_beside_a_big_one_with_the_cells_of_a_solo_ru
     loaded = load_checkpoint(model_dir, device=DEVICE)
     precision = resolve_precision("fp32", DEVICE)
     for body, response in ((big_body, big_response), (small_body, small)):
-        request = GenerationRequest(
+        request = request_of(
             cells_per_condition=body["num_cells"], conditions=(body["condition"],),
             steps=body["steps"], seed=body["seed"],
         )  # fmt: skip
@@ -257,7 +258,7 @@ async def test_nan_for_one_label_fails_only_that_request(nan_model_dir: Path) ->
     assert "NaN" not in good.text and good.status_code == after.status_code == 200
     solo = generate(
         load_checkpoint(nan_model_dir),
-        GenerationRequest(cells_per_condition=2, conditions=("KRAS",), steps=4, seed=5),
+        request_of(cells_per_condition=2, conditions=("KRAS",), steps=4, seed=5),
         resolve_precision("fp32", "cpu"),
     )
     np.testing.assert_array_equal(np.array(good.json()["counts"]), solo.counts)
