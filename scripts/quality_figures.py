@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL, SamplingOptions
 from sedd.engine import EngineSettings
@@ -36,6 +35,7 @@ from sedd.eval.metrics import (
 from sedd.eval.quality import HeldOut
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
+from sedd.run import run_plan
 
 HEADLINE = ("corr_rms", "mmd2_rbf", "energy_distance", "knn_auc", "gene_mean_pearson")
 

@@ -25,7 +25,6 @@ from typing import Any, ParamSpec, TypeVar
 import anndata
 import torch
 
-from sedd.batch.run import interactive, progress_bar, run_plan
 from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_card_dict
 from sedd.defaults import (
     CELLS_PER_PERTURBATION,
@@ -49,6 +48,7 @@ from sedd.request.imputation import (
 )
 from sedd.request.plan import GenerationRequest, plan
 from sedd.request.provenance import run_provenance
+from sedd.run import interactive, progress_bar, run_plan
 
 __all__ = ["Model", "load"]
 

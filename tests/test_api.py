@@ -19,12 +19,12 @@ from server_client import make_settings, served
 from server_models import CELL_TYPES, GENES, NUM_BINS, PERTURBATIONS, save_tiny_model
 
 import sedd
-from sedd.batch.run import run_plan
 from sedd.cli import main as sedd_main
 from sedd.diffusion.sampling import Sampler
 from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine import Engine
 from sedd.request.plan import plan
+from sedd.run import run_plan
 
 pytestmark = pytest.mark.anyio
 
@@ -194,7 +194,7 @@ def test_bundled_model_api_equals_sedd_generate(tmp_path: Path) -> None:
 
 def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
     assert dir(sedd) == ["Model", "SamplingOptions", "__version__", "load"]
-    import sedd.batch.run as run
+    import sedd.run as run
     from sedd.engine import StepProgress
 
     class Bar:  # tqdm's interface as progress_bar uses it

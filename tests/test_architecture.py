@@ -275,23 +275,25 @@ def _is_submodule(package: str, name: str) -> bool:
     return (ROOT / package.replace(".", "/") / f"{name}.py").is_file()
 
 
-def test_sedd_holds_role_packages_and_five_modules() -> None:
-    """The top floor: the front doors, the vocabulary and the precision policy; everything else
-    lives in a package named for its role (models/, diffusion/, io/, engine/, ...)."""
+def test_sedd_holds_role_packages_and_six_modules() -> None:
+    """The top floor: the front doors, the offline driver every API and CLI call runs on
+    (``run``), the vocabulary and the precision policy; everything else lives in a package named
+    for its role (models/, diffusion/, io/, engine/, shards/, ...)."""
     top = sorted(p.name for p in (ROOT / "sedd").glob("*.py"))
-    assert top == ["__init__.py", "api.py", "cli.py", "defaults.py", "precision.py"]
+    assert top == ["__init__.py", "api.py", "cli.py", "defaults.py", "precision.py", "run.py"]
     packages = {p.name for p in (ROOT / "sedd").iterdir() if (p / "__init__.py").exists()}
-    assert {"models", "diffusion", "io", "engine", "checkpoints", "batch"} <= packages
+    assert {"models", "diffusion", "io", "engine", "checkpoints", "shards"} <= packages
 
 
-def test_server_builds_requests_from_sedd_request_never_sedd_batch() -> None:
+def test_server_builds_requests_from_sedd_request_never_the_offline_driver() -> None:
+    """The server runs its own engine thread: it never reaches the offline driver or shards."""
     graph = _product_graph()
     reached = {
         (module, target)
         for module in graph.files
         if _is_within(module, "server")
         for target in graph.edges(module)
-        if _is_within(target, "sedd.batch")
+        if _is_within(target, "sedd.shards") or _is_within(target, "sedd.run")
     }
     assert reached == set(), reached
     requests = {t for m in graph.files if _is_within(m, "server") for t in graph.edges(m)}

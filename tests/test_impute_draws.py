@@ -18,8 +18,6 @@ from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
 import sedd
-from sedd.batch.shard_job import prepare_shard
-from sedd.batch.shards import Shard
 from sedd.cli import main as sedd_main
 from sedd.defaults import SamplingOptions
 from sedd.diffusion.st3_samplers import EulerSampler
@@ -27,6 +25,8 @@ from sedd.engine import EngineSettings
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import imputation_from_anndata
 from sedd.request.plan import GenerationRequest, plan
+from sedd.shards.job import prepare_shard
+from sedd.shards.ranges import Shard
 
 pytestmark = pytest.mark.anyio
 

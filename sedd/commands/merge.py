@@ -24,9 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sedd.batch.merge import merge_shards
     from sedd.commands.output import claim_output
     from sedd.io.files import check_writable
+    from sedd.shards.merge import merge_shards
 
     check_writable(claim_output(args.out, args.overwrite))
     summary = merge_shards(args.dir, args.out, count_dtype=args.counts_dtype)

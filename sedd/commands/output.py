@@ -12,9 +12,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from sedd.batch.run import progress_bar, run_plan
-from sedd.batch.shard_job import prepare_shard
-from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import show_progress
 from sedd.defaults import OPTION_NAMES, SamplingOptions
@@ -27,6 +24,9 @@ from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import Imputation
 from sedd.request.plan import GenerationRequest, Plan, plan
 from sedd.request.provenance import run_provenance
+from sedd.run import progress_bar, run_plan
+from sedd.shards.job import prepare_shard
+from sedd.shards.ranges import Shard, ShardError, resolve_shard
 
 CountsDtype = Literal["int", "float32"]
 
@@ -185,7 +185,7 @@ def run_shard(
 
 @contextlib.contextmanager
 def _bar(cells: int, steps: int, desc: str, progress: bool | None) -> Iterator[ProgressHook | None]:
-    """``sedd.batch.run.progress_bar``'s hook where a bar is wanted, else no hook."""
+    """``sedd.run.progress_bar``'s hook where a bar is wanted, else no hook."""
     if not show_progress(progress):
         yield None
         return
@@ -220,7 +220,7 @@ def finish(
 def summary_line(
     out: Path, stats: Mapping[str, Any], precision: PrecisionPolicy, num_genes: int
 ) -> str:
-    """One line from ``sedd.batch.run.run_stats`` (or a shard's sum of them)."""
+    """One line from ``sedd.run.run_stats`` (or a shard's sum of them)."""
     gpu = stats.get("gpu_utilization_pct")  # only where NVML reads the GPU
     busy = f", GPU {gpu:.0f}% busy at the end" if gpu is not None else ""
     draws = int(stats.get("n_samples") or 1)  # stats count every draw; the file one a cell

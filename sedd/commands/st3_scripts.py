@@ -29,7 +29,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sedd.batch.shards import Shard, ShardError, resolve_shard
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_progress_argument, add_shard_arguments
 from sedd.commands.loading import load_from_args
@@ -52,6 +51,7 @@ from sedd.defaults import default_device
 from sedd.io.files import refuse_existing, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest, plan
+from sedd.shards.ranges import Shard, ShardError, resolve_shard
 
 METADATA = "generation_metadata.json"
 OVERWRITE = "--overwrite (job scripts: OVERWRITE=1)"

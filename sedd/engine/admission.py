@@ -24,9 +24,9 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from sedd.engine.job_state import RowBlock
 from sedd.engine.jobs import EngineJob
-from sedd.engine.rows import RowBlock
-from sedd.engine.sharing import fair_shares, first_come_shares, reserve_rows, ticks_until_room
+from sedd.engine.scheduler import fair_shares, first_come_shares, reserve_rows, ticks_until_room
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ This is the only sampling loop in the codebase. The server ticks it on a backgro
 (``start``); the Python API, the CLI, shard jobs and ``sedd bench`` tick it in their own thread
 (``sedd.engine.offline``). Each ``tick`` is one step boundary: cancelled and timed-out jobs leave,
 waiting rows join, and one packed step moves this tick's share of the rows in flight
-(``sedd.engine.sharing``) one step, each row on its own job's time grid, with its own settings
-and random stream (``sedd.engine.rows``), so its tokens are those of the same cell run alone.
+(``sedd.engine.scheduler``) one step, each row on its own job's time grid, with its own settings
+and random stream (``sedd.engine.job_state``), so its tokens are those of the same cell run alone.
 
 A tick makes one host sync in the usual case: the step is proposed on the device for every kind
 of conditioning, then one small (rows, 2) tensor comes back (rows whose output was not finite,
@@ -31,6 +31,7 @@ from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import Sampler
 from sedd.engine.admission import Work, Workload
 from sedd.engine.forwards import ForwardShape, model_sampler
+from sedd.engine.job_state import JobState, RowBlock
 from sedd.engine.jobs import (
     EngineFull,
     EngineJob,
@@ -44,8 +45,7 @@ from sedd.engine.jobs import (
     outcome_of,
     validate_job,
 )
-from sedd.engine.rows import JobState, RowBlock
-from sedd.engine.sharing import admit, groups_of, select
+from sedd.engine.scheduler import admit, groups_of, select
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 

@@ -2,7 +2,7 @@
 
 The engine (``sedd.engine.core``) decides which rows are in flight; ``Stepper.step`` moves them
 one step. Blocks are grouped by kind of conditioning (index vs vector labels, with vs without
-cell types), one packed step a kind (``sedd.engine.rows``). Every kind is proposed first, with
+cell types), one packed step a kind (``sedd.engine.job_state``). Every kind is proposed first, with
 no host sync; then one small tensor comes back for all of them (``Stepper.readbacks`` counts
 these reads); then each is settled: rows whose output was not finite are recomputed in fp32 and
 the new tokens are written into their jobs.
@@ -22,8 +22,7 @@ import torch
 
 from sedd.diffusion.sampling import Proposal, Sampler
 from sedd.engine.forwards import step_bytes
-from sedd.engine.jobs import BlockOutOfMemoryError, JobResult, is_out_of_memory
-from sedd.engine.rows import (
+from sedd.engine.job_state import (
     JobState,
     Packed,
     RowBlock,
@@ -32,6 +31,7 @@ from sedd.engine.rows import (
     propose_slices,
     settle_packed,
 )
+from sedd.engine.jobs import BlockOutOfMemoryError, JobResult, is_out_of_memory
 
 log = logging.getLogger(__name__)
 

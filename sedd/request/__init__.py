@@ -5,5 +5,5 @@ planning call (``plan`` -> ``Plan``: the cells, numbered once, and the engine jo
 ``imputation``: observed counts (an ``.h5ad`` or lists) matched to the model's genes, as tokens;
 ``conditions``: the perturbation names a model is conditioned on, and files of them;
 ``provenance``: what every output records about its request and model. The server, the Python
-API, the CLI and shard jobs all build requests here; ``sedd.batch`` only runs them offline.
+API, the CLI and shard jobs all build requests here; ``sedd.shards`` only runs them offline.
 """

@@ -19,11 +19,11 @@ import torch
 from devices import EMULATED
 from engine_models import request_of
 
-from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.engine import EngineSettings
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
+from sedd.run import GenerationResult, run_plan
 from sedd.train.config import TrainConfig
 from sedd.train.trainer import Trainer
 

@@ -13,7 +13,7 @@ from engine_models import FP32, LOADED, engine_job, job
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.engine import Engine, EngineFull
 from sedd.engine.admission import Work, Workload
-from sedd.engine.sharing import reserve_rows
+from sedd.engine.scheduler import reserve_rows
 
 
 @pytest.fixture(scope="module")

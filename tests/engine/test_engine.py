@@ -23,7 +23,6 @@ from engine_models import (
 )
 from torch import nn
 
-from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import OptionError
 from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows
@@ -44,6 +43,7 @@ from sedd.engine import (
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import NonFiniteScoreError, PrecisionPolicy
 from sedd.request.plan import plan
+from sedd.run import run_plan
 
 
 class Recorder:

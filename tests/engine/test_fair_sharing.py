@@ -13,7 +13,7 @@ from engine_models import FP32, LOADED, engine_job, job, run_until_idle, solo
 
 from sedd.checkpoints import LoadedModel, load_checkpoint
 from sedd.engine import Engine, EngineFull
-from sedd.engine.sharing import fair_shares, first_come_shares
+from sedd.engine.scheduler import fair_shares, first_come_shares
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 from engine_models import request_of
 
-from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import DEFAULT_MODEL
 from sedd.io.read import read_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
+from sedd.run import GenerationResult, run_plan
 
 
 def generate(loaded, request: GenerationRequest, precision) -> GenerationResult:

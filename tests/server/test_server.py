@@ -1,7 +1,7 @@
 """The HTTP service: every route, its validation errors and limits, auth, metrics, SSE, h5ad.
 
 The app runs in-process on a tiny conditional model (12 genes, counts 0..5, 5 labels, 2 cell
-types) saved in the native format; results are checked against ``sedd.batch.run.generate``.
+types) saved in the native format; results are checked against ``sedd.run.generate``.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from engine_models import request_of
 from server_client import make_settings, served
 from server_models import GENES, NUM_BINS, save_tiny_model
 
-from sedd.batch.run import run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.diffusion.st3_samplers import EulerSampler
 from sedd.engine.monitor import MonitorSnapshot
 from sedd.precision import resolve_precision
 from sedd.request.plan import plan
+from sedd.run import run_plan
 from server.app import create_app, preload
 from server.metrics import ServiceMetrics, monitor_families
 

@@ -18,11 +18,11 @@ from engine_models import request_of
 from server_client import make_settings, served, slow_down
 from server_models import save_tiny_model
 
-from sedd.batch.run import GenerationResult, run_plan
 from sedd.checkpoints import load_checkpoint
 from sedd.cli import main
 from sedd.precision import resolve_precision
 from sedd.request.plan import GenerationRequest, plan
+from sedd.run import GenerationResult, run_plan
 from server.app import create_app, preload
 
 

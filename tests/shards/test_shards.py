@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sedd.batch.shards import Shard, ShardError, resolve_shard, shard_range
+from sedd.shards.ranges import Shard, ShardError, resolve_shard, shard_range
 
 
 @pytest.mark.parametrize(("cells", "shards"), [(9, 4), (4, 4), (3, 5), (0, 2), (1000, 7)])

@@ -1,15 +1,13 @@
-"""Run a plan offline: its cells, batch by batch, through an in-process engine.
+"""The offline driver: a plan's cells, batch by batch, through an in-process engine.
 
-``run_plan`` is what the Python API, ``sedd generate/predict/impute``, shard jobs and the
-st3-compatible scripts call with the one ``sedd.request.plan.plan``. It takes the plan's jobs,
+``run_plan`` is what every Python API call, ``sedd generate/predict/impute``, shard jobs and the
+st3-compatible scripts run, on the one ``sedd.request.plan.plan``. It takes the plan's jobs,
 one per ``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until
-each is done;
-``on_batch`` sees each finished batch before the next one ends. An imputation with ``n_samples``
-k runs each batch k times (``Plan.draw_jobs``): ``on_batch`` sees the first draw, ``on_mean``
-the batch's mean over all k once its last draw ends, so a run holds one batch's sum, never k
-copies of its cells. A ``sedd.engine.monitor.Monitor``
-(the engine's observer) counts its forwards and finished cells; its snapshot becomes the result's
-``stats``.
+each is done; ``on_batch`` sees each finished batch before the next one ends. An imputation
+with ``n_samples`` k runs each batch k times (``Plan.draw_jobs``): ``on_batch`` sees the first
+draw, ``on_mean`` the batch's mean over all k once its last draw ends, so a run holds one
+batch's sum, never k copies of its cells. A ``sedd.engine.monitor.Monitor`` (the engine's
+observer) counts its forwards and finished cells; its snapshot becomes the result's ``stats``.
 """
 
 from __future__ import annotations

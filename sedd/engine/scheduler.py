@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sedd.engine.rows import JobState, RowBlock
+from sedd.engine.job_state import JobState, RowBlock
 
 
 def fair_shares(demands: list[int], budget: int) -> list[int]:

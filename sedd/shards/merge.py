@@ -16,16 +16,16 @@ import anndata
 import pandas as pd
 import scipy.sparse as sp
 
-from sedd.batch.manifest import (
+from sedd.io.cell_writer import CellWriter
+from sedd.io.files import sha256_file, write_json_atomic
+from sedd.shards.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
     ShardOutputError,
     ShardPaths,
     read_json,
 )
-from sedd.batch.shards import Shard, shard_range
-from sedd.io.cell_writer import CellWriter
-from sedd.io.files import sha256_file, write_json_atomic
+from sedd.shards.ranges import Shard, shard_range
 
 _CHUNK_CELLS = 16384  # cells copied at a time
 

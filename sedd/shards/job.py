@@ -5,7 +5,7 @@ is on disk: a shard whose entry and h5ad hash match is done; otherwise the finis
 (part files) are kept and only the missing cells are generated. ``ShardJob.run`` generates them,
 saving each batch as a part file (temp + rename) the moment it is done, then writes the shard
 h5ad (atomic), then its entry (atomic), then removes the parts. A kill at any point loses at most
-the batch being sampled. File layout: ``sedd.batch.manifest``.
+the batch being sampled. File layout: ``sedd.shards.manifest``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from sedd.batch.manifest import (
+from sedd.checkpoints import LoadedModel
+from sedd.engine import EngineSettings, StepProgress
+from sedd.io.cell_writer import CellWriter
+from sedd.io.files import sha256_file, write_json_atomic
+from sedd.precision import PrecisionPolicy
+from sedd.request.plan import GenerationRequest, Plan
+from sedd.request.provenance import run_provenance
+from sedd.run import run_plan
+from sedd.shards.manifest import (
     ShardOutputError,
     ShardPaths,
     claim_request_file,
@@ -31,15 +39,7 @@ from sedd.batch.manifest import (
     request_record,
     shard_entry,
 )
-from sedd.batch.run import run_plan
-from sedd.batch.shards import Shard
-from sedd.checkpoints import LoadedModel
-from sedd.engine import EngineSettings, StepProgress
-from sedd.io.cell_writer import CellWriter
-from sedd.io.files import sha256_file, write_json_atomic
-from sedd.precision import PrecisionPolicy
-from sedd.request.plan import GenerationRequest, Plan
-from sedd.request.provenance import run_provenance
+from sedd.shards.ranges import Shard
 
 _PART = re.compile(r"^cells-(\d+)-(\d+)\.npz$")
 # ``generate`` stats that describe the moment a run ended, not a sum over runs

@@ -26,12 +26,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sedd.batch.shards import Shard
 from sedd.checkpoints import LoadedModel
 from sedd.engine.forwards import block_rows_for
 from sedd.io.files import temporary_beside
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import GenerationRequest
+from sedd.shards.ranges import Shard
 
 FORMAT = "sedd-shards/1"
 REQUEST_FILE = "request.json"

@@ -14,16 +14,16 @@ import pytest
 import scipy.sparse as sp
 from engine_models import request_of
 
-from sedd.batch.manifest import ShardOutputError
-from sedd.batch.merge import MergeError, merge_shards
-from sedd.batch.shard_job import prepare_shard
-from sedd.batch.shards import Shard
 from sedd.checkpoints import load_checkpoint, save_native
 from sedd.cli import main
 from sedd.engine import EngineSettings
 from sedd.io.files import sha256_file
 from sedd.precision import resolve_precision
 from sedd.request.plan import plan
+from sedd.shards.job import prepare_shard
+from sedd.shards.manifest import ShardOutputError
+from sedd.shards.merge import MergeError, merge_shards
+from sedd.shards.ranges import Shard
 
 ST3 = Path(__file__).resolve().parents[1] / "data" / "st3" / "experiments"
 GENES = [f"GENE{i}" for i in range(64)]
