@@ -14,7 +14,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sedd.defaults import DEFAULT_MODEL, default_device
 
-__all__ = ["Settings"]
+__all__ = ["HARD_MAX_CELLS", "HARD_MAX_GENES", "HARD_MAX_STEPS", "Settings"]
+
+# Hard ceilings, defined here once: no setting may raise a limit above them, and the request
+# bodies' static bounds (``server.schemas``) are these same numbers.
+HARD_MAX_CELLS = 100_000
+HARD_MAX_STEPS = 100_000
+HARD_MAX_GENES = 100_000
 
 
 class Settings(BaseSettings):
@@ -46,10 +52,13 @@ class Settings(BaseSettings):
         default="auto", description="autocast dtype of the model forward (docs/precision.md)"
     )
     max_cells_per_request: int = Field(
-        default=256, ge=1, le=100_000, description="most cells one request may ask for"
+        default=256, ge=1, le=HARD_MAX_CELLS, description="most cells one request may ask for"
     )
     max_steps: int = Field(
-        default=1000, ge=1, le=100_000, description="most reverse steps one request may ask for"
+        default=1000,
+        ge=1,
+        le=HARD_MAX_STEPS,
+        description="most reverse steps one request may ask for",
     )
     max_body_bytes: int = Field(
         default=4 * 2**20, ge=1024, description="largest request body (413 above it)"

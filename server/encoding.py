@@ -7,6 +7,7 @@ and shifts are computed from integer counts, so every number in a body is finite
 from __future__ import annotations
 
 import asyncio
+import math
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.request.draws import MEAN_LAYER, mean_of_draws
 from sedd.request.provenance import run_provenance
-from server.planning import PlannedJob, finite_or_zero
+from server.intake import PlannedJob
 from server.responses import (
     CellLabels,
     GenerateResponse,
@@ -31,6 +32,11 @@ from server.responses import (
 from server.state import Service
 
 H5AD_MEDIA_TYPE = "application/x-hdf5"
+
+
+def finite_or_zero(value: float) -> float:
+    """Timings for the response: never NaN/Inf in a body."""
+    return value if math.isfinite(value) else 0.0
 
 
 def wants_h5ad(planned: PlannedJob, request: Request) -> bool:

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
@@ -27,22 +26,17 @@ from starlette.requests import Request
 
 from sedd.defaults import SamplingOptions
 from sedd.engine import JobCancelled, JobHandle, JobResult, StepProgress
-from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, plan
-from server.errors import ClientDisconnected, DeadlineExceeded, Draining, FieldError, Overloaded
+from server.encoding import finite_or_zero
+from server.errors import ClientDisconnected, DeadlineExceeded, Draining
 from server.http.errors import error_event
+from server.intake import PlannedJob, check_cost
 from server.metrics import outcome_for_status
-from server.planning import PlannedJob, finite_or_zero
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
 
 DEADLINE_GRACE_S = 1.0  # the engine's own deadline check answers first; this is the backstop
-# Admission prices a forward this much above the measured median: the forward time varies with
-# what else the machine runs (the event loop's own work included), and a request admitted on an
-# estimate that just fits would end in a 504 (scripts/overload_check.py, 2 minutes of mixed
-# load on a 2-core machine: 2-3 of about 300 at 1.0 and 1.25, none at 1.5).
-COST_MARGIN = 1.5
 
 
 def submit(
@@ -50,67 +44,21 @@ def submit(
     planned: PlannedJob,
     on_progress: Callable[[StepProgress], None] | None = None,
 ) -> JobHandle:
-    """Queue the job; raises the engine's EngineFull / EngineStopped / ValueError, or a
-    FieldError (422) for a request that cannot finish before its deadline even alone."""
+    """Queue the job after its admission by cost (``server.intake.check_cost``: a 422
+    ``too_costly`` FieldError, or a 429 ``Overloaded``); raises the engine's EngineFull /
+    EngineStopped / ValueError."""
     if service.draining:
         raise Draining("the server is shutting down and takes no new requests")
     check_cost(service, planned)
     return service.engine.submit(planned.job, on_progress=on_progress)
 
 
-def check_cost(service: Service, planned: PlannedJob) -> None:
-    """Admission by cost, against the work already admitted.
-
-    A request above ``max_cell_steps``, or one that could not end by its deadline even alone
-    at the engine's measured forward time, gets a 422 ``too_costly`` (it would only hold the
-    engine and end in a 504). One that could, but not behind what is in flight and queued
-    (``Workload.finish_seconds``: the engine's sharing played forward), gets a 429 whose
-    Retry-After is the wait after which it would fit (``Workload.wait_before_fit``). Both price
-    a forward at ``COST_MARGIN`` times the measured one."""
-    job = planned.job
-    limit, cost = service.settings.max_cell_steps, job.num_cells * job.sampling.steps
-    if limit is not None and cost > limit:
-        raise FieldError(
-            ["body"],
-            f"this request asks for {cost} cell-steps ({job.num_cells} cells x "
-            f"{job.sampling.steps} steps); the server takes at most {limit} (max_cell_steps); "
-            "ask for fewer cells or steps",
-            type="too_costly",
-            ctx={"cell_steps": cost, "max_cell_steps": limit},
-        )
-    workload, deadline = service.engine.workload(), planned.timeout_s
-    if workload is None:  # no forward timed yet (the warm-up failed): nothing to price with
-        return
-    forward_ms = 1000 * workload.forward_seconds
-    workload = dataclasses.replace(workload, forward_seconds=workload.forward_seconds * COST_MARGIN)
-    new = Work.of_queued(job, now=time.monotonic())
-    alone = workload.alone_seconds(new)
-    if alone > new.deadline:
-        raise FieldError(
-            ["body"],
-            f"this request needs about {alone:.0f} s of model time ({job.num_cells} cells x "
-            f"{job.sampling.steps} steps at {forward_ms:.0f} ms a forward of {workload.block_rows} "
-            f"rows, priced {COST_MARGIN:g}x for its variation), longer than its deadline of "
-            f"{deadline:g} s; ask for fewer cells or steps, or a longer timeout_s (up to the "
-            "server's request_timeout_s)",
-            type="too_costly",
-            ctx={"estimated_s": round(alone, 1), "deadline_s": deadline},
-        )
-    wait = workload.wait_before_fit(new)
-    if wait > 0:
-        raise Overloaded(
-            f"the requests already admitted would keep this one past its deadline of "
-            f"{deadline:g} s (it needs about {alone:.1f} s alone); retry after "
-            f"{math.ceil(wait)} s, or ask for fewer cells or steps or a longer timeout_s",
-            wait,
-        )
-
-
 async def warm_up(service: Service) -> None:
     """Two 1-cell, 1-step jobs of the model's default condition at start-up, before the first
     request. The first is cold (on CUDA: cuBLAS handles, module loads, allocator growth, graph
-    capture); only the second, warm one sets the forward time ``check_cost`` plans with, or
-    every request's cost would be overstated and some refused that would finish."""
+    capture); only the second, warm one sets the forward time that ``server.intake.check_cost``
+    prices with, or every request's cost would be overstated and some refused that would
+    finish."""
     loaded, engine = service.loaded, service.engine
     condition = loaded.config.control_label or (loaded.conditions or [None])[0]
     names = [condition] if loaded.conditional and condition is not None else None

@@ -1,38 +1,26 @@
-"""Request bodies, with bounds and OpenAPI examples (the responses: ``server.responses``).
+"""Request bodies, with bounds, OpenAPI examples and validators: declarations only (the
+responses: ``server.responses``).
 
-Static bounds here are hard ceilings; the server's own limits (``max_cells_per_request``,
-``max_steps``) are checked by each body's ``to_request`` (its one conversion to the library's
-request type) and written into the OpenAPI schema by ``server.openapi.apply_limits``, so
+Static bounds here are the hard ceilings (``server.config``); the server's own limits
+(``max_cells_per_request``, ``max_steps``) are checked when a body becomes the library's request
+(``server.intake``) and written into the OpenAPI schema by ``server.openapi.apply_limits``, so
 clients and schemathesis see the real maxima.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from sedd.checkpoints import LoadedModel
-from sedd.defaults import (
-    CELLS_PER_PERTURBATION,
-    OPTION_NAMES,
-    Predictor,
-    TimeGrid,
-    resolve_schedule,
-)
-from sedd.defaults import SamplingOptions as Sampling
+from sedd.defaults import CELLS_PER_PERTURBATION, Predictor, TimeGrid
 from sedd.request.draws import MAX_N_SAMPLES
-from sedd.request.plan import GenerationRequest
-from server import decoding
-from server.config import Settings
+from server.config import HARD_MAX_CELLS, HARD_MAX_GENES, HARD_MAX_STEPS
 
 SamplerName = Predictor  # the library's one definition
 OutputFormat = Literal["json", "h5ad"]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
-HARD_MAX_CELLS = 100_000
-HARD_MAX_STEPS = 100_000
-HARD_MAX_GENES = 100_000
 
 
 class _Request(BaseModel):
@@ -79,29 +67,6 @@ class SamplingOptions(_Request):
         "optional, and a 404 when it names another model",
     )
 
-    # where an unknown condition name is reported
-    names_loc: ClassVar[tuple[str, ...]] = ("body", "condition")
-
-    def to_sampling(self, settings: Settings) -> Sampling:
-        """The library's sampling options for this body, every field named as the body names
-        it (``SamplingOptions``' fields), its schedule resolved
-        (``sedd.defaults.resolve_schedule``) and a left-out ``steps`` capped at ``max_steps``.
-        The value checks itself: ``OptionError`` names the field (``plan_body`` reports it)."""
-        options = {name: getattr(self, name) for name in OPTION_NAMES}
-        steps, options["time_grid"] = resolve_schedule(self.steps, self.time_grid)
-        options["steps"] = steps if self.steps is not None else min(steps, settings.max_steps)
-        decoding.check_steps(settings, options["steps"])
-        return Sampling(**options)
-
-    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
-        """The library's one request type for this body, within the server's limits."""
-        raise NotImplementedError
-
-    def timeout(self, settings: Settings) -> float:
-        """The request's deadline in seconds: its own, at most the server's."""
-        limit = settings.request_timeout_s
-        return limit if self.timeout_s is None else min(self.timeout_s, limit)
-
 
 class GenerateRequest(SamplingOptions):
     """Whole cells of one condition (conditional models; the model's default condition when
@@ -144,18 +109,6 @@ class GenerateRequest(SamplingOptions):
             raise ValueError("`conditions` must name at least one condition")
         return self
 
-    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
-        sampling = self.to_sampling(settings)
-        if self.conditions is not None:
-            names, counts = decoding.mix(loaded, self.conditions)
-            decoding.check_cells(settings, sum(counts), "conditions")
-            return GenerationRequest(
-                1, names, self.cell_type, sampling, condition_counts=counts
-            )
-        decoding.check_cells(settings, self.num_cells, "num_cells")
-        condition = decoding.one_condition(loaded, self.condition)
-        return GenerationRequest(self.num_cells, condition, self.cell_type, sampling)
-
 
 class PredictRequest(SamplingOptions):
     """Cells for each perturbation, their per-gene means and the shift versus control."""
@@ -186,20 +139,11 @@ class PredictRequest(SamplingOptions):
         default=True, description="also generate control cells (with the control label)"
     )
 
-    names_loc: ClassVar[tuple[str, ...]] = ("body", "perturbations")
-
     @model_validator(mode="after")
     def _unique(self) -> PredictRequest:
         if len(set(self.perturbations)) != len(self.perturbations):
             raise ValueError("`perturbations` must not repeat a name")
         return self
-
-    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
-        sampling = self.to_sampling(settings)
-        conditions = decoding.predicted_conditions(loaded, self.perturbations, self.include_control)
-        n = self.cells_per_perturbation
-        decoding.check_cells(settings, len(conditions) * n, "cells_per_perturbation")
-        return GenerationRequest(n, conditions, self.cell_type, sampling)
 
 
 class ImputeRequest(SamplingOptions):
@@ -265,22 +209,3 @@ class ImputeRequest(SamplingOptions):
             if per_cell is not None and getattr(self, one) is not None:
                 raise ValueError(f"pass `{one}` or `{many}`, not both")
         return self
-
-    def to_request(self, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
-        sampling = self.to_sampling(settings)
-        decoding.check_cells(settings, len(self.counts), "counts")
-        decoding.check_draws(settings, len(self.counts), self.n_samples)
-        imputation = decoding.imputation(loaded, self.genes, self.counts, self.clip)
-        if self.cell_types is not None:
-            imputation = decoding.cell_types(loaded, imputation, self.cell_types)
-        if self.cell_conditions is not None:
-            names, counts = decoding.cell_conditions(loaded, self.cell_conditions)
-            return GenerationRequest(
-                1, names, self.cell_type, sampling, imputation=imputation,
-                condition_counts=counts, n_samples=self.n_samples,
-            )  # fmt: skip
-        condition = decoding.one_condition(loaded, self.condition)
-        return GenerationRequest(
-            imputation.num_cells, condition, self.cell_type, sampling, imputation=imputation,
-            n_samples=self.n_samples,
-        )  # fmt: skip

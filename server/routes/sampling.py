@@ -1,7 +1,8 @@
 """POST /generate, /predict, /impute and their server-sent-event variants ``.../stream``.
 
-Each route is decode (``server.planning``) -> run on the engine (``server.runner``) -> encode
-(``server.encoding``); errors go to the app's one mapping.
+Each route is intake (``server.intake``: body -> request -> plan; the cost check comes with the
+submit) -> run on the engine (``server.runner``) -> encode (``server.encoding``); errors go to
+the app's one mapping.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 
 from sedd.engine import JobResult
-from server import encoding, planning
+from server import encoding, intake
 from server.deps import ServiceDep
 from server.errors import FieldError, http_error
 from server.events import stream_responses
@@ -26,7 +27,7 @@ from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, tags=["sampling"])
 
-BodyFn = Callable[[Service, planning.PlannedJob, JobResult, str], dict[str, Any]]
+BodyFn = Callable[[Service, intake.PlannedJob, JobResult, str], dict[str, Any]]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in (
@@ -44,7 +45,7 @@ _H5AD = {200: {"content": {encoding.H5AD_MEDIA_TYPE: {"schema": {"type": "string
 
 
 async def _answer(
-    service: Service, planned: planning.PlannedJob, request: Request, route: str, body: BodyFn
+    service: Service, planned: intake.PlannedJob, request: Request, route: str, body: BodyFn
 ) -> Response:
     job_id, result = await run_job(service, planned, request, route)
     if encoding.wants_h5ad(planned, request):
@@ -53,7 +54,7 @@ async def _answer(
 
 
 async def _stream(
-    service: Service, planned: planning.PlannedJob, request: Request, route: str, body: BodyFn
+    service: Service, planned: intake.PlannedJob, request: Request, route: str, body: BodyFn
 ) -> StreamingResponse:
     if planned.options.format != "json":
         raise FieldError(
@@ -82,7 +83,7 @@ async def _stream(
     summary="Generate whole cells",
 )
 async def generate(body: GenerateRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/generate", encoding.generate_body)
 
 
@@ -95,7 +96,7 @@ async def generate(body: GenerateRequest, service: ServiceDep, request: Request)
 async def generate_stream(
     body: GenerateRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/generate/stream", encoding.generate_body)
 
 
@@ -106,7 +107,7 @@ async def generate_stream(
     summary="Predict perturbation responses",
 )
 async def predict(body: PredictRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/predict", encoding.predict_body)
 
 
@@ -119,7 +120,7 @@ async def predict(body: PredictRequest, service: ServiceDep, request: Request) -
 async def predict_stream(
     body: PredictRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/predict/stream", encoding.predict_body)
 
 
@@ -130,7 +131,7 @@ async def predict_stream(
     summary="Sample the genes a cell's given counts leave out",
 )
 async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> Response:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _answer(service, planned, request, "/impute", encoding.impute_body)
 
 
@@ -143,5 +144,5 @@ async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> 
 async def impute_stream(
     body: ImputeRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = planning.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body)
     return await _stream(service, planned, request, "/impute/stream", encoding.impute_body)

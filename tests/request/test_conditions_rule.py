@@ -15,8 +15,8 @@ from sedd.api import Model
 from sedd.checkpoints import load_checkpoint
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import plan
-from server.decoding import one_condition
 from server.errors import FieldError
+from server.names import one_condition
 
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
 

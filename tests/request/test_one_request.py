@@ -20,7 +20,7 @@ from sedd.defaults import SamplingOptions
 from sedd.engine import EngineJob
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import GenerationRequest, plan
-from server.planning import plan_body
+from server.intake import plan_body, to_request, to_sampling
 from server.schemas import GenerateRequest
 
 FP32 = PrecisionPolicy(device=torch.device("cpu"), amp_dtype=None)
@@ -53,9 +53,9 @@ def test_every_front_door_builds_the_same_request_and_engine_job(tmp_path: Path)
         num_cells=3, condition=condition, steps=4, sampler="analytic", temperature=0.8, seed=5
     )
     settings = make_settings(model_dir)
-    assert api == cli == body.to_request(loaded, settings)
+    assert api == cli == to_request(body, loaded, settings)
     assert api == GenerationRequest(3, (condition,), None, sampling)
-    assert api.sampling == sampling == body.to_sampling(settings)
+    assert api.sampling == sampling == to_sampling(body, settings)
     server = plan_body(loaded, settings, body)
     planned = plan(loaded, api)
     assert list(planned.cells.index) == list(plan(loaded, cli).cells.index)

@@ -23,7 +23,7 @@ from sedd.cli import main as sedd_main
 from sedd.commands.output import request_from_args
 from sedd.defaults import OPTION_NAMES, OptionError, SamplingOptions
 from server.errors import FieldError
-from server.planning import plan_body
+from server.intake import plan_body
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
 
 # (field, a value every front door can carry but the option refuses)

@@ -1,8 +1,8 @@
-"""What a body's ``to_request`` needs beyond the body: the server's limits, and the model's names
-checked with errors that name the field (``FieldError``).
+"""The model's names in a body, checked by the library's rules, each error a ``FieldError``
+naming the field: what ``server.intake`` needs beyond the body to make its request.
 
-The names follow the library's rules (``sedd.request.conditions``, ``sedd.request.imputation``),
-so a request numbers and conditions its cells as the Python API and ``sedd generate`` do.
+The rules are the library's (``sedd.request.conditions``, ``sedd.request.imputation``), so a
+request numbers and conditions its cells as the Python API and ``sedd generate`` do.
 """
 
 from __future__ import annotations
@@ -22,45 +22,7 @@ from sedd.request.imputation import (
     label_runs,
     with_cell_types,
 )
-from server.config import Settings
 from server.errors import FieldError
-
-
-def check_steps(settings: Settings, steps: int) -> None:
-    if steps > settings.max_steps:
-        raise FieldError(
-            ["body", "steps"],
-            f"Input should be less than or equal to {settings.max_steps} (max_steps)",
-            type="less_than_equal",
-            input=steps,
-            ctx={"le": settings.max_steps},
-        )
-
-
-def check_cells(settings: Settings, cells: int, loc: str) -> None:
-    limit = settings.max_cells_per_request
-    if cells > limit:
-        raise FieldError(
-            ["body", loc],
-            f"the request asks for {cells} cells; the limit is {limit} (max_cells_per_request)",
-            type="less_than_equal",
-            input=cells,
-            ctx={"le": limit},
-        )
-
-
-def check_draws(settings: Settings, cells: int, n_samples: int) -> None:
-    """Several draws of each cell are that many cells against ``max_cells_per_request``."""
-    limit = settings.max_cells_per_request
-    if cells * n_samples > limit:
-        raise FieldError(
-            ["body", "n_samples"],
-            f"the request asks for {cells} cells x {n_samples} draws = {cells * n_samples} cell "
-            f"draws; the limit is {limit} (max_cells_per_request); ask for fewer draws or cells",
-            type="less_than_equal",
-            input=n_samples,
-            ctx={"le": limit // cells},
-        )
 
 
 def one_condition(loaded: LoadedModel, given: str | None) -> tuple[str, ...] | None:
