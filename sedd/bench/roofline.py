@@ -96,7 +96,7 @@ def block_step_roofline(
     from sedd.cuda_emulation.roofline import OpCounter
     from sedd.diffusion.graph import AbsorbingGraph
     from sedd.diffusion.noise import LogLinearNoise
-    from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
+    from sedd.diffusion.sampling import Sampler, StepBranches, StepRows
     from sedd.models.st3 import SEDDPerturbationTransformer
     from sedd.precision import resolve_precision
 
@@ -121,11 +121,13 @@ def block_step_roofline(
         x = torch.full((shape.rows, shape.genes), shape.bins, device="cuda")  # all masked
         labels = torch.zeros(shape.rows, dtype=torch.long, device="cuda")
         rows = StepRows.of_request(x, 0.8, 0.6, labels=labels)
-        plan = StepPlan(any_final=False, any_euler=True, any_tweedie=False, any_tempered=False)
+        branches = StepBranches(
+            any_final=False, any_euler=True, any_tweedie=False, any_tempered=False
+        )
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         with counter.counting(emulator):
-            sampler._block_step(rows, plan, True)
+            sampler._block_step(rows, branches, True)
         peak = torch.cuda.max_memory_allocated() - base
     result = Roofline(shape, precision, peak_bytes=peak)
     for (region, kind), cost in counter.costs.items():

@@ -4,7 +4,7 @@ A block step (``Sampler._block_step``: forward, transition, fp64 draw) runs on e
 ``block_rows`` rows and never reads a value back, so on CUDA it can be captured once per shape
 and replayed: the host then launches one graph per block instead of a few hundred kernels. A
 graph is captured per key: the rows' shapes and dtypes (block rows, kind of conditioning,
-imputation or not), the ``StepPlan`` and whether autocast is on. Replay copies the inputs into
+imputation or not), the ``StepBranches`` and whether autocast is on. Replay copies the inputs into
 the graph's static tensors and clones its outputs (the next replay overwrites them). Graphs share
 one memory pool, as their replays never overlap.
 
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
-from sedd.diffusion.step_rows import StepPlan, StepRows
+from sedd.diffusion.step_rows import StepBranches, StepRows
 
 log = logging.getLogger(__name__)
 
 BlockResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-BlockStep = Callable[[StepRows, StepPlan, bool], BlockResult]
+BlockStep = Callable[[StepRows, StepBranches, bool], BlockResult]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
@@ -68,15 +68,15 @@ class GraphedSteps:
         self._graphs: dict[tuple[object, ...], _Captured] = {}
         self._pool: Any = None
 
-    def run(self, rows: StepRows, plan: StepPlan, amp: bool) -> BlockResult:
+    def run(self, rows: StepRows, branches: StepBranches, amp: bool) -> BlockResult:
         if not self.enabled:
-            return self.step(rows, plan, amp)
+            return self.step(rows, branches, amp)
         values = rows.tensors()
-        key = (plan, amp, *(None if v is None else (tuple(v.shape), v.dtype) for v in values))
+        key = (branches, amp, *(None if v is None else (tuple(v.shape), v.dtype) for v in values))
         captured = self._graphs.get(key)
         if captured is None:
             try:
-                captured = self._capture(rows, plan, amp)
+                captured = self._capture(rows, branches, amp)
             except Exception as err:  # e.g. an op that cannot be captured: stay eager
                 self.enabled = False
                 warnings.warn(
@@ -87,7 +87,7 @@ class GraphedSteps:
                     stacklevel=2,
                 )
                 log.warning("CUDA graph capture failed; eager from now on", exc_info=True)
-                return self.step(rows, plan, amp)
+                return self.step(rows, branches, amp)
             self._graphs[key] = captured
         for static, value in zip(captured.inputs, values, strict=True):
             if static is not None and value is not None:
@@ -103,7 +103,7 @@ class GraphedSteps:
         in tests)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext()
 
-    def _capture(self, rows: StepRows, plan: StepPlan, amp: bool) -> _Captured:
+    def _capture(self, rows: StepRows, branches: StepBranches, amp: bool) -> _Captured:
         inputs = [None if v is None else v.clone() for v in rows.tensors()]
         static = StepRows.from_tensors(inputs)
         # Warm up on a side stream first (lazy initialisation, cuBLAS workspaces), as
@@ -115,11 +115,11 @@ class GraphedSteps:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self.step(static, plan, amp)
+                    self.step(static, branches, amp)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool, stream=side):
-                outputs = self.step(static, plan, amp)
+                outputs = self.step(static, branches, amp)
         self._pool = graph.pool()
         self.captures += 1
         return _Captured(graph, inputs, outputs)

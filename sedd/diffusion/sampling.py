@@ -48,7 +48,7 @@ from sedd.diffusion.graph import Graph, one_hot
 from sedd.diffusion.noise import Noise
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.diffusion.schedule import time_grid
-from sedd.diffusion.step_rows import StepPlan, StepRows
+from sedd.diffusion.step_rows import StepBranches, StepRows
 from sedd.precision import (
     PrecisionPolicy,
     ScoreModel,
@@ -65,8 +65,8 @@ __all__ = [
     "Predictor",
     "Proposal",
     "Sampler",
+    "StepBranches",
     "StepOutput",
-    "StepPlan",
     "StepRows",
     "sample_categorical",
     "start_tokens",
@@ -183,24 +183,24 @@ class Sampler:
 
     # ---- the step -------------------------------------------------------------------------
 
-    def step(self, rows: StepRows, plan: StepPlan | None = None) -> StepOutput:
+    def step(self, rows: StepRows, branches: StepBranches | None = None) -> StepOutput:
         """One reverse step of every row from its t to its s (rows with s == 0 are denoised).
 
         For callers outside the engine: reads the result back once (one host sync) and
         recomputes rows whose output was not finite in fp32. Raises ``NonFiniteScoreError`` when
         fp32 fails too. Rows with nothing left to change come back unchanged.
         """
-        plan = StepPlan.of_rows(rows) if plan is None else plan
-        proposal = self.propose(rows, plan)
-        return self.settle(rows, plan, proposal, proposal.summary().cpu().numpy())
+        branches = StepBranches.of_rows(rows) if branches is None else branches
+        proposal = self.propose(rows, branches)
+        return self.settle(rows, branches, proposal, proposal.summary().cpu().numpy())
 
-    def propose(self, rows: StepRows, plan: StepPlan, *, amp: bool = True) -> Proposal:
+    def propose(self, rows: StepRows, branches: StepBranches, *, amp: bool = True) -> Proposal:
         """The step's new tokens on the device, with no host sync: the model runs on blocks of
         exactly ``block_rows`` rows (the last padded with copies of its last row), and each block
         is one fixed-shape computation (one CUDA graph replay where graphs are on)."""
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for lo, hi, index in fixed_blocks(rows.num_rows, self.block_rows, rows.x.device):
-            tokens, nonfinite, active = self.graphs.run(rows.take(index), plan, amp)
+            tokens, nonfinite, active = self.graphs.run(rows.take(index), branches, amp)
             parts.append((tokens[: hi - lo], nonfinite[: hi - lo], active[: hi - lo]))
         if len(parts) == 1:
             return Proposal(*parts[0], model_calls=1)
@@ -208,7 +208,7 @@ class Sampler:
         return Proposal(tokens, nonfinite, active, model_calls=len(parts))
 
     def settle(
-        self, rows: StepRows, plan: StepPlan, proposal: Proposal, summary: np.ndarray
+        self, rows: StepRows, branches: StepBranches, proposal: Proposal, summary: np.ndarray
     ) -> StepOutput:
         """Finish a proposal given its ``summary`` (B, 2) as read back: rows whose output was not
         finite are stepped again with autocast off (rule 5), drawing the same uniforms."""
@@ -218,7 +218,7 @@ class Sampler:
             return StepOutput(proposal.tokens, (), proposal.model_calls, active)
 
         def recompute(index: torch.Tensor, amp: bool) -> tuple[Redo, np.ndarray]:
-            redo = self.propose(rows.take(index), plan, amp=amp)
+            redo = self.propose(rows.take(index), branches, amp=amp)
             redone = redo.summary().cpu().numpy()  # [non-finite, still active] per row
             return (redo, redone), redone[:, 0] != 0
 
@@ -241,7 +241,7 @@ class Sampler:
         return active if fixed is None else active & ~fixed
 
     def _block_step(
-        self, rows: StepRows, plan: StepPlan, amp: bool
+        self, rows: StepRows, branches: StepBranches, amp: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active)."""
         x = rows.x  # (b, L)
@@ -259,9 +259,9 @@ class Sampler:
             finite = torch.isfinite(sums.sum(dim=-1) + stay)
         else:
             finite = torch.isfinite(out.sum(dim=-1))  # a NaN/Inf anywhere makes it non-finite
-            probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, plan)
+            probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, branches)
         nonfinite = (~finite & active).any(dim=-1)  # (b,)
-        if plan.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
+        if branches.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
             # the token a position stays on: under the absorbing graph, the mask (its column is
             # 0 here and the stay is kept apart, so temper leaves both as they are)
@@ -272,9 +272,10 @@ class Sampler:
         drawn = sample_categorical(
             probs.flatten(0, 1), uniforms.flatten(), nonnegative=self.graph.absorb,
             stay=None if stay is None else stay.flatten(),
-            sums=None if sums is None or plan.any_tempered else sums.flatten(0, 1),  # T != 1: anew
+            # T != 1: the sums anew
+            sums=None if sums is None or branches.any_tempered else sums.flatten(0, 1),
         ).view_as(x)  # fmt: skip
-        if self.denoise_mode == "argmax" and plan.any_final:
+        if self.denoise_mode == "argmax" and branches.any_final:
             # a final row's stay is 0: the argmax is over the real tokens (the mask column is 0)
             drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
         tokens = torch.where(active, drawn, x)  # (b, L)
@@ -350,26 +351,26 @@ class Sampler:
         sigma_s: torch.Tensor,
         rows: StepRows,
         final: torch.Tensor,
-        plan: StepPlan,
+        branches: StepBranches,
     ) -> torch.Tensor:
         """Unnormalised p(x_s = y | x_t) at every position, (b, L, V) fp32, for any graph.
 
         Rows on the analytic step and the final denoise take the Tweedie update, the others the
-        Euler step; the plan says which occur, so a step computes only the branches it needs.
+        Euler step; ``branches`` says which occur, so a step computes only the branches it needs.
         """
         score = self._score(out, sigma_t)
         probs = torch.empty(0)
-        if plan.any_euler:
+        if branches.any_euler:
             dt_rate = ((rows.t - rows.s) * self.noise.rate_noise(rows.t)).float()  # (b,)
             onehot = one_hot(current, self.graph.dim)
             probs = onehot + dt_rate[:, None, None] * self.graph.reverse_rate(current, score)
-        if plan.any_tweedie:
+        if branches.any_tweedie:
             # Final denoise (and every analytic step) is the Tweedie update at dsigma.
             dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()[:, None]  # (b, 1)
             tweedie = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
                 current, dsigma
             )
-            if plan.any_euler:
+            if branches.any_euler:
                 on_tweedie = (final | rows.analytic)[:, None, None]
                 probs = torch.where(on_tweedie, tweedie, probs)
             else:

@@ -2,7 +2,7 @@
 
 A step moves B rows at once; each row brings its own tokens, times, conditioning and random
 stream, so rows of different requests share a forward and each still takes its solo step.
-``StepRows`` holds them as (B, ...) tensors on the step's device. ``StepPlan`` holds the few
+``StepRows`` holds them as (B, ...) tensors on the step's device. ``StepBranches`` holds the few
 facts about the rows that decide which branches the step computes (is any row at its final
 denoise, tempered, on the analytic step?). The batching engine knows them from its jobs'
 settings, so deciding never reads a tensor back from the device: a step makes no host sync and
@@ -93,10 +93,10 @@ class StepRows:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepBranches:
     """Host-side facts about a step's rows that pick what it computes (and key its CUDA graph).
 
-    Each flag only removes work: a plan that says "maybe" for everything is always correct.
+    Each flag only removes work: flags that say "maybe" for everything are always correct.
     """
 
     any_final: bool = True  # some row takes the final denoise (s == 0)
@@ -107,7 +107,7 @@ class StepPlan:
     @classmethod
     def of_values(
         cls, s: Sequence[float], analytic: Sequence[bool], temperature: Sequence[float]
-    ) -> StepPlan:
+    ) -> StepBranches:
         """From per-row host values (or, with runs, per-run values: only which occur matters)."""
         final = [value <= 0 for value in s]
         tweedie = [f or bool(a) for f, a in zip(final, analytic, strict=True)]
@@ -119,6 +119,6 @@ class StepPlan:
         )
 
     @classmethod
-    def of_rows(cls, rows: StepRows) -> StepPlan:
+    def of_rows(cls, rows: StepRows) -> StepBranches:
         """Read from the rows' tensors: a host sync, for callers outside the engine."""
         return cls.of_values(rows.s.tolist(), rows.analytic.tolist(), rows.temperature.tolist())

@@ -24,8 +24,8 @@ from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import (
     Proposal,
     Sampler,
+    StepBranches,
     StepOutput,
-    StepPlan,
     StepRows,
     start_tokens,
     time_grid,
@@ -145,7 +145,7 @@ class Packed:
 
     slices: list[Slice]
     rows: StepRows
-    plan: StepPlan
+    branches: StepBranches
     proposal: Proposal
     started: float  # time.perf_counter() when proposed
 
@@ -159,8 +159,8 @@ def upload(values: np.ndarray, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepPlan]:
-    """The slices' rows as one ``StepRows`` on the sampler's device, and their ``StepPlan``.
+def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepBranches]:
+    """The slices' rows as one ``StepRows`` on the sampler's device, and their ``StepBranches``.
 
     Per-row numbers are laid out in NumPy and cross to the device in two asynchronous copies
     (``upload``); tensors are sliced per slice (a job's run of rows), never per row.
@@ -210,14 +210,14 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepPlan]:
         cell_types=rows_of(lambda st: st.cell_types),
     )
     s_values, analytic_values, temperatures = zip(*settings, strict=True)
-    return rows, StepPlan.of_values(s_values, analytic_values, temperatures)
+    return rows, StepBranches.of_values(s_values, analytic_values, temperatures)
 
 
 def propose_slices(sampler: Sampler, slices: list[Slice]) -> Packed:
     """Step the slices' rows on the device (no host sync); raises whatever the step raises."""
     started = time.perf_counter()
-    rows, plan = pack(sampler, slices)
-    return Packed(slices, rows, plan, sampler.propose(rows, plan), started)
+    rows, branches = pack(sampler, slices)
+    return Packed(slices, rows, branches, sampler.propose(rows, branches), started)
 
 
 def settle_packed(
@@ -228,7 +228,7 @@ def settle_packed(
     Returns (rows, seconds, model calls). Each job counts the model calls its rows were in and
     its fp32 fallback rows. Raises whatever settling raises, before writing anything back.
     """
-    out: StepOutput = sampler.settle(packed.rows, packed.plan, packed.proposal, summary)
+    out: StepOutput = sampler.settle(packed.rows, packed.branches, packed.proposal, summary)
     seconds = time.perf_counter() - packed.started
     fallbacks, active = out.fp32_fallback_rows, out.active
     offset, size = 0, sampler.block_rows or packed.rows.num_rows

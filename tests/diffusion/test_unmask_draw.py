@@ -21,7 +21,7 @@ from sedd.diffusion.categorical import chunk_sums, sample_categorical, temper
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.randomness import cell_uniforms
-from sedd.diffusion.sampling import WHOLE_ROW_SOFTMAX_FROM, Sampler, StepPlan, StepRows
+from sedd.diffusion.sampling import WHOLE_ROW_SOFTMAX_FROM, Sampler, StepBranches, StepRows
 from sedd.models.ddit import DDiT
 from sedd.models.st3 import SEDDTransformer
 
@@ -147,7 +147,7 @@ def test_unmask_step_draws_the_cells_of_the_old_maths_bit_for_bit(vocab: int, pr
                     mask, temp = torch.full_like(rows.x, vocab - 1), rows.temperature[:, None, None]
                     tempered = reference_temper(old, mask, temp)
                     assert torch.equal(temper(jumps, mask, temp)[..., :-1], tempered[..., :-1])
-                    new = sampler.step(rows, StepPlan()).tokens
+                    new = sampler.step(rows, StepBranches()).tokens
                     assert torch.equal(new, reference_tokens(sampler, rows)), where
                     assert (new != rows.x).any(), where  # the step did draw
 

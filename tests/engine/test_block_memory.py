@@ -33,7 +33,7 @@ def test_the_per_token_constant_bounds_a_measured_block_step():
     from sedd.cuda_emulation import emulate_cuda
     from sedd.diffusion.graph import graph_from_config
     from sedd.diffusion.noise import noise_from_config
-    from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
+    from sedd.diffusion.sampling import Sampler, StepBranches, StepRows
     from sedd.models.st3 import SEDDPerturbationTransformer
     from sedd.precision import resolve_precision
 
@@ -52,7 +52,8 @@ def test_the_per_token_constant_bounds_a_measured_block_step():
             labels = torch.zeros(rows, dtype=torch.long, device="cuda")
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            sampler._block_step(StepRows.of_request(x, 0.8, 0.6, labels=labels), StepPlan(), True)
+            rows = StepRows.of_request(x, 0.8, 0.6, labels=labels)
+            sampler._block_step(rows, StepBranches(), True)
             peaks.append(torch.cuda.max_memory_allocated() - base)
     per_row = (peaks[1] - peaks[0]) / 2
     per_token = per_row / (genes * (bins + 1))

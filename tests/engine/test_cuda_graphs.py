@@ -15,7 +15,7 @@ from devices import DEVICE, needs_cuda
 from engine_models import LOADED, job, run_until_idle
 
 from sedd.diffusion.cuda_graphs import GraphedSteps, cuda_graphs_from_env
-from sedd.diffusion.sampling import Sampler, StepPlan, StepRows
+from sedd.diffusion.sampling import Sampler, StepBranches, StepRows
 from sedd.engine import Engine, EngineJob, ModelLimits
 from sedd.precision import PrecisionPolicy, resolve_precision
 
@@ -65,14 +65,14 @@ def test_a_bad_sedd_cuda_graphs_value_names_the_variable(monkeypatch: pytest.Mon
 def test_graphs_are_eager_off_cuda():
     calls: list[int] = []
 
-    def step(rows: StepRows, plan: StepPlan, amp: bool):
+    def step(rows: StepRows, plan: StepBranches, amp: bool):
         calls.append(rows.num_rows)
         return rows.x, rows.t > 0, rows.step
 
     graphed = GraphedSteps(step, enabled=True, device=torch.device("cpu"))
     rows = StepRows.of_request(torch.zeros(3, 4, dtype=torch.long), 0.5, 0.25)
     assert not graphed.enabled
-    graphed.run(rows, StepPlan(), True)
+    graphed.run(rows, StepBranches(), True)
     assert calls == [3] and graphed.captures == 0 and graphed.replays == 0
 
 
@@ -112,7 +112,7 @@ def test_a_proposed_step_never_syncs_with_the_host():
         x, 0.8, 0.6, seed=4, labels=torch.ones(6, dtype=torch.long, device=DEVICE),
         cell_types=torch.zeros(6, dtype=torch.long, device=DEVICE), temperature=0.7,
     )  # fmt: skip
-    plan = StepPlan(any_final=False, any_euler=True, any_tweedie=False, any_tempered=True)
+    plan = StepBranches(any_final=False, any_euler=True, any_tweedie=False, any_tempered=True)
     for graphs in (False, True):
         step = sampler(graphs)
         step.propose(rows, plan)  # warm-up (and capture) outside the checked region
@@ -148,7 +148,7 @@ def test_replays_read_the_static_inputs_and_hand_out_copies(monkeypatch: pytest.
     graphed.graphs.enabled = True
 
     class StandIn:
-        def __init__(self, rows: StepRows, plan: StepPlan, amp: bool, outputs) -> None:
+        def __init__(self, rows: StepRows, plan: StepBranches, amp: bool, outputs) -> None:
             self.rows, self.plan, self.amp, self.outputs = rows, plan, amp, outputs
 
         def replay(self) -> None:
@@ -156,7 +156,7 @@ def test_replays_read_the_static_inputs_and_hand_out_copies(monkeypatch: pytest.
             for static, value in zip(self.outputs, fresh, strict=True):
                 static.copy_(value)
 
-    def capture(rows: StepRows, plan: StepPlan, amp: bool) -> _Captured:
+    def capture(rows: StepRows, plan: StepBranches, amp: bool) -> _Captured:
         inputs = [None if v is None else v.clone() for v in rows.tensors()]
         static = StepRows.from_tensors(inputs)
         outputs = graphed._block_step(static, plan, amp)

@@ -25,7 +25,7 @@ from torch import nn
 
 from sedd.checkpoints import load_checkpoint
 from sedd.defaults import OptionError
-from sedd.diffusion.sampling import Proposal, Sampler, StepPlan, StepRows
+from sedd.diffusion.sampling import Proposal, Sampler, StepBranches, StepRows
 from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
 from sedd.engine import (
     Engine,
@@ -341,7 +341,7 @@ def test_a_step_that_fails_after_drawing_is_retried_with_the_same_draws(monkeypa
     propose = engine.sampler.propose
     failures: list[int] = []
 
-    def flaky(rows: StepRows, plan: StepPlan, *, amp: bool = True) -> Proposal:
+    def flaky(rows: StepRows, plan: StepBranches, *, amp: bool = True) -> Proposal:
         proposal = propose(rows, plan, amp=amp)  # the draws happen, then it fails
         if rows.num_rows > 3:
             failures.append(rows.num_rows)
