@@ -47,7 +47,7 @@ from sedd.commands.st3_flags import (
     notes_for,
     read_st3_config,
 )
-from sedd.defaults import default_device
+from sedd.defaults import PREDICTORS, default_device
 from sedd.io.files import refuse_existing, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest, plan
@@ -65,7 +65,7 @@ def _parser(script: Script, description: str) -> argparse.ArgumentParser:
     own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16",
                      help="default bf16, st3's")  # fmt: skip
     own.add_argument("--batch_size", type=int, default=64, help="cells in flight (default 64)")
-    own.add_argument("--sampler", choices=["euler", "analytic"], default="euler")
+    own.add_argument("--sampler", choices=list(PREDICTORS), default="euler")
     own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     own.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
     own.add_argument(
