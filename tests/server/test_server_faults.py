@@ -272,7 +272,11 @@ async def test_shutdown_drains_in_flight_requests_and_refuses_new_ones(model_dir
         in_flight = asyncio.create_task(
             client.post("/generate", json={"num_cells": 2, "steps": 10})
         )
-        await asyncio.sleep(0.1)
+        engine = app.state.service.engine
+        for _ in range(3000):  # until the engine holds it (a fixed sleep raced a loaded machine)
+            if engine.active_rows or engine.queued_jobs:
+                break
+            await asyncio.sleep(0.01)
         stopping = asyncio.create_task(lifespan.__aexit__(None, None, None))
         await asyncio.sleep(0.02)
         refused = await client.post("/generate", json={"num_cells": 1, "steps": 2})
