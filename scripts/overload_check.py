@@ -14,7 +14,10 @@ the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
 
 4. ``large-bodies``: six 3.2 MB /impute bodies (800,000 rows each, refused with a 422) are
    sent at once while a client asks for /healthz every 50 ms. Passes when the median wait is
-   under 0.5 s (the bodies are parsed off the event loop; on it, the median was 2.04 s).
+   under 1 s (the bodies are parsed off the event loop; on it, the median was 2.04 s). Off it,
+   on a 2-core machine, the loop still shares the GIL with the parser thread and receives the
+   19 MB itself: medians of 0.13-0.72 s were measured, before and after the structure round
+   (a 0.5 s limit failed a CI run at 0.72 s, and passed the previous release at 0.50 s).
 
     .venv/bin/python scripts/overload_check.py                 # all four, 120 s of mixed load
     .venv/bin/python scripts/overload_check.py --only drip
@@ -205,7 +208,7 @@ async def large_bodies(url: str) -> tuple[bool, str]:
         statuses = sorted({p.result().status_code for p in posts})
         sizes = max(len(p.result().content) for p in posts)
     median = sorted(waits)[len(waits) // 2]
-    passed = median < 0.5 and statuses == [422]
+    passed = median < 1.0 and statuses == [422]
     return passed, (
         f"6 x 3.2 MB bodies: {statuses}, largest answer {sizes} bytes; /healthz {len(waits)} "
         f"times, median {median:.2f} s, slowest {max(waits):.2f} s"
