@@ -151,3 +151,14 @@ def test_a_plain_install_does_not_pull_ray() -> None:
         ROOT / "server" / "serve.py"
     ).read_text()
     assert "replicas" not in plain_path and "import ray" not in plain_path
+
+
+def test_architecture_page_names_the_reference_sampler_first() -> None:
+    """The executable spec is what a new maintainer reads first: the first file the page names
+    is the reference sampler, and the test that pins the engine to it is named beside it."""
+    text = (DOCS / "architecture.md").read_text()
+    files = re.findall(r"`((?:sedd|server|tests)/[\w/]+\.py)", text)
+    assert files[0] == "sedd/diffusion/reference.py", files[:3]
+    assert files[1] == "tests/engine/test_engine_equals_reference.py"
+    for path in files:
+        assert (ROOT / path).is_file(), path
