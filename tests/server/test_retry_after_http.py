@@ -35,9 +35,15 @@ def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) ->
             start = time.monotonic()
             # 8 cells, 4 stepped a tick: its rows are two blocks, on the same step every other
             # tick, which is when an estimate used to join them in place
+            # 24 steps and 60 s: admitted even where this machine's warm-up forward is slow
+            # (at 40 steps and 30 s a 77 ms forward priced it too costly, a 422, and the wait
+            # below spun for ever); the bug answered a 504 only after the whole deadline
             split = asyncio.ensure_future(c.post("/generate", json={
-                "num_cells": 8, "steps": 40, "seed": 1, "timeout_s": 30}))  # fmt: skip
+                "num_cells": 8, "steps": 24, "seed": 1, "timeout_s": 60}))  # fmt: skip
             while (await c.get("/readyz")).json()["active_rows"] < 8:
+                if split.done():  # answered before its rows were all in flight: say so
+                    answer = split.result()
+                    pytest.fail(f"answered early: {answer.status_code} {answer.text[:300]}")
                 await asyncio.sleep(0.05)
             others = []
             while not split.done():  # one waits in the queue; the rest get 429s, each
@@ -50,8 +56,8 @@ def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) ->
     statuses = [r.status_code for r in others]
     assert statuses.count(429) >= 5, statuses  # the estimates ran while the rows were split
     assert set(statuses) <= {200, 429}, statuses
-    assert split.status_code == 200, (split.status_code, split.text[:300])  # was a 504 at 31 s
-    assert len(split.json()["cells"]) == 8 and took < 30
+    assert split.status_code == 200, (split.status_code, split.text[:300])  # was a 504
+    assert len(split.json()["cells"]) == 8 and took < 60
 
 
 def test_retry_after_right_after_a_request_joins_is_not_a_fraction_of_the_wait(url: str) -> None:
