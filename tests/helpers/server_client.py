@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from devices import DEVICE
 from fastapi import FastAPI
 
@@ -83,3 +85,21 @@ async def served(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://sedd.test") as client:
             yield client, app
+
+
+@contextmanager
+def uvicorn_in_thread(app: Any, protocol: type, port: int) -> Iterator[int]:
+    """A real uvicorn server of ``app`` with the h11 ``protocol`` class, in a daemon thread on
+    ``port``: the port once it listens; stopped on exit."""
+    config = uvicorn.Config(app, port=port, http=protocol, ws="none", lifespan="off",
+                            log_level="critical", timeout_graceful_shutdown=1)  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -13,8 +13,6 @@ from __future__ import annotations
 import ast
 import json
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,8 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from server_client import free_port
+from server_client import free_port, uvicorn_in_thread
 
 from server.app import create_app
 from server.config import Settings
@@ -145,20 +142,11 @@ async def _unread(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    port = free_port()
     protocol = TimedH11Protocol.configured(
         header_timeout_s=0.5, body_timeout_s=5.0, max_connections=4
     )
-    config = uvicorn.Config(_unread, port=port, http=protocol, ws="none", lifespan="off",
-                            log_level="critical", timeout_graceful_shutdown=1)  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    with uvicorn_in_thread(_unread, protocol, free_port()) as port:
+        yield port
 
 
 def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:

@@ -14,15 +14,13 @@ import select
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from server_client import free_port
+from server_client import free_port, uvicorn_in_thread
 
 from server.http.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
 
@@ -274,20 +272,14 @@ def test_a_body_nothing_reads_is_cut_at_the_body_deadline() -> None:
     protocol = TimedH11Protocol.configured(
         header_timeout_s=1.0, body_timeout_s=body_timeout_s, max_connections=4
     )
-    config = uvicorn.Config(_never_reads, port=port, http=protocol, ws="none", lifespan="off",
-                            log_level="critical", timeout_graceful_shutdown=1)  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    with (
+        uvicorn_in_thread(_never_reads, protocol, port),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
         start = time.monotonic()
         sock.sendall(_head(b"POST /anything", 100_000))
         answer = _drip_until_closed(sock, seconds=10)
         took = time.monotonic() - start
-    server.should_exit = True
-    thread.join(10)
     assert body_timeout_s + BODY_GRACE_S - 0.5 < took < body_timeout_s + BODY_GRACE_S + LINGER_S + 1
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 ") and _is_json(head, body), answer
