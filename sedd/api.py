@@ -345,9 +345,8 @@ class Model:
     ) -> GenerationRequest:
         """The library's one request type."""
         return GenerationRequest(
-            cells_per_condition, tuple(conditions or ()), cell_type, sampling,
-            imputation=imputation,
-            condition_counts=None if condition_counts is None else tuple(condition_counts),
+            cells_per_condition, conditions, cell_type, sampling,  # type: ignore[arg-type]
+            imputation=imputation, condition_counts=condition_counts,  # type: ignore[arg-type]
             n_samples=n_samples,
         )  # fmt: skip
 

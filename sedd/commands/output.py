@@ -105,7 +105,7 @@ def request_from_args(
     given = {name: getattr(args, name) for name in OPTION_NAMES if hasattr(args, name)}
     sampling = SamplingOptions.resolve(**given)
     return GenerationRequest(
-        cells_per_condition, tuple(conditions or ()), args.cell_type, sampling,
+        cells_per_condition, conditions, args.cell_type, sampling,  # type: ignore[arg-type]
         imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
     )  # fmt: skip
 

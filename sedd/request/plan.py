@@ -52,11 +52,11 @@ class GenerationRequest:
     condition_counts: tuple[int, ...] | None = None  # cells of each of `conditions`
     n_samples: int = 1  # draws of each imputed cell; draw j of cell i: stream (seed, j * N + i)
 
-    def __post_init__(self) -> None:  # sequences from callers, kept as tuples
+    def __post_init__(self) -> None:  # sequences from callers, as tuples; empty is None
         for name in ("conditions", "condition_counts"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(value) if len(value) else None)
+            if value is not None:
+                object.__setattr__(self, name, tuple(value) or None)
 
     @property
     def counts(self) -> tuple[int, ...]:
