@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train_state.pt + metrics.jsonl (default <--out>/training)",
     )
     p.add_argument("--data", metavar="FILE", help=".h5ad of integer counts")
+    p.add_argument(
+        "--init-from",
+        metavar="MODEL",
+        help="fine-tune: start from this model's weights (same genes, bins, labels and size)",
+    )
     p.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps in total")
     p.add_argument(
         "--until-step",
@@ -64,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_train_config(
         args.config, out=args.out, run_dir=args.run_dir, data=args.data,
+        init_from=args.init_from,
         max_steps=args.max_steps, batch_size=args.batch_size, accum_steps=args.accum_steps,
         lr=args.lr, seed=args.seed, amp=args.amp, device=args.device,
         activation_checkpointing=args.activation_checkpointing,

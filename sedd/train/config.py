@@ -112,6 +112,9 @@ class TrainConfig(_Strict):
     clip_counts: bool = False  # clip counts >= num_bins to num_bins - 1 instead of refusing
     # model and objective
     arch: ArchSettings = Field(default_factory=ArchSettings)
+    # fine-tuning: a model (any layout load_checkpoint reads) whose weights start the run; its
+    # genes, bins, labels and size must equal the data's and arch's. None: random init
+    init_from: str | None = None
     objective: Literal["elbo", "masked_ce"] = "elbo"
     noise_eps: float = Field(default=1e-3, gt=0.0, lt=1.0)  # log-linear schedule eps
     t_eps: float = Field(default=1e-3, gt=0.0, lt=1.0)  # t ~ U(t_eps, 1)
@@ -159,7 +162,8 @@ def load_train_config(path: str | Path | None = None, **overrides: Any) -> Train
             raise ValueError(f"{path} is not valid JSON: {err}.") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a JSON object of training settings.")
-        for key in ("data", "out", "run_dir"):  # relative to the config file, not the cwd
+        # paths are relative to the config file, not the cwd
+        for key in ("data", "out", "run_dir", "init_from"):
             value = data.get(key)
             if isinstance(value, str) and not Path(value).is_absolute():
                 data[key] = os.path.normpath(path.parent / value)

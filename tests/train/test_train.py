@@ -395,3 +395,50 @@ def test_config_file_paths_are_relative_to_the_file_not_the_cwd(tmp_path, monkey
         "state",
     )
     assert load_train_config(nested).run_path == nested.parent / "model" / "training"
+
+
+def test_init_from_starts_from_the_models_weights_and_records_it(tmp_path, data_file):
+    """Fine-tuning: model and EMA start from the given model's weights (not a random init),
+    the source and its hash go into provenance, and a resumed run keeps the record."""
+    base = Trainer(_config(tmp_path, data_file, "base"), progress=False)
+    base.fit()
+    source = Path(base.config.out)
+    weights = load_checkpoint(source).model.state_dict()
+
+    config = _config(tmp_path, data_file, "tuned", init_from=str(source), max_steps=3)
+    tuned = Trainer(config, progress=False)
+    fresh = Trainer(_config(tmp_path, data_file, "fresh"), progress=False)
+    for name, want in weights.items():
+        assert torch.equal(tuned.model.state_dict()[name], want), name
+        assert torch.equal(tuned.ema.model.state_dict()[name], want), name
+    assert any(
+        not torch.equal(fresh.model.state_dict()[name], want) for name, want in weights.items()
+    )
+    tuned.fit(until=1)
+    record = {"source": str(source), "sha256": sha256_file(source / "model.safetensors")}
+    assert load_checkpoint(config.out).config.provenance.model_dump()["init_from"] == record
+    resumed = Trainer(config, resume=True, progress=False)
+    resumed.fit()
+    assert resumed.step == 3 and resumed.init_record == record
+    assert load_checkpoint(config.out).config.provenance.model_dump()["init_from"] == record
+
+
+def test_init_from_refuses_a_model_of_other_genes_labels_or_size(tmp_path, data_file):
+    base = Trainer(_config(tmp_path, data_file, "base"), progress=False)
+    base.fit(until=1)
+    source = base.config.out
+    wider = {"hidden_dim": 32, "num_layers": 1, "num_heads": 2}
+    with pytest.raises(ValueError, match=r"init_from: .* has arch\.hidden_dim 16, but this run "):
+        Trainer(_config(tmp_path, data_file, "w", init_from=source, arch=wider), progress=False)
+    with pytest.raises(ValueError, match=r"has architecture st3_perturbation, but .* st3;"):
+        Trainer(
+            _config(tmp_path, data_file, "u", init_from=source, condition_key=None),
+            progress=False,
+        )
+    renamed = anndata.read_h5ad(data_file)
+    renamed.var_names = [f"other{i}" for i in range(N_GENES)]
+    renamed.write_h5ad(tmp_path / "renamed.h5ad")
+    with pytest.raises(ValueError, match=r"has genes 10 names \[gene0, gene1, gene2, ...\], but"):
+        Trainer(_config(tmp_path, tmp_path / "renamed.h5ad", "g", init_from=source), progress=False)
+    dropout_only = {"hidden_dim": 16, "num_layers": 1, "num_heads": 2, "dropout": 0.0}
+    Trainer(_config(tmp_path, data_file, "d", init_from=source, arch=dropout_only), progress=False)
