@@ -7,6 +7,13 @@ draw, or ``layers["mean_of_draws"]``) and log1p of the true count, averaged over
 with variance in both. The same genes are hidden in every cell (``impute`` observes whole genes);
 each --mask-seeds seed hides another random share.
 
+Two more references: the label mean scaled by each cell's depth in its shown genes (a stronger
+baseline than the label mean: depth is most of the within-label signal), and the model's own
+conditional mean of each hidden gene given the shown ones (one fp32 forward with the hidden genes
+masked at the noise level of that masked share; sum over counts k of k * p(k)). The mean of k
+draws estimates that conditional mean with sampling noise, so it approaches this figure as k
+grows.
+
     OMP_NUM_THREADS=1 python scripts/impute_quality.py --n-samples 1 8 --mask-seeds 0 1
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import warnings
 
 import anndata
@@ -21,6 +29,7 @@ import numpy as np
 import torch
 
 import sedd
+from sedd.checkpoints import load_checkpoint
 from sedd.defaults import BUNDLED_DATA, DEFAULT_MODEL
 
 
@@ -31,6 +40,42 @@ def per_gene_r(predicted: np.ndarray, truth: np.ndarray) -> float:
     a, b = a[:, keep] - a[:, keep].mean(axis=0), b[:, keep] - b[:, keep].mean(axis=0)
     r = (a * b).sum(axis=0) / np.sqrt((a * a).sum(axis=0) * (b * b).sum(axis=0))
     return float(r.mean())
+
+
+def depth_scaled_label_mean(
+    train_x: np.ndarray,
+    train_labels: np.ndarray,
+    test_x: np.ndarray,
+    test_labels: np.ndarray,
+    shown: np.ndarray,
+) -> np.ndarray:
+    """Each label's mean of the training cells' counts per count in their shown genes, times the
+    held-out cell's count in its shown genes."""
+    train_depth = np.maximum(train_x[:, shown].sum(axis=1, keepdims=True), 1)
+    rate = {
+        lab: (train_x / train_depth)[train_labels == lab].mean(axis=0) for lab in set(train_labels)
+    }
+    return np.stack([rate[lab] for lab in test_labels]) * test_x[:, shown].sum(
+        axis=1, keepdims=True
+    )
+
+
+@torch.no_grad()
+def conditional_mean(
+    model_path: str, test_x: np.ndarray, test_labels: np.ndarray, hidden: np.ndarray
+) -> np.ndarray:
+    """The model's mean count of every gene given the shown ones: one fp32 forward with the hidden
+    genes masked, at the noise level whose masking probability is the hidden share."""
+    loaded = load_checkpoint(model_path)
+    tokens = loaded.config.tokens
+    x = torch.as_tensor(np.minimum(test_x, tokens.num_bins - 1), dtype=torch.long)
+    x[:, torch.as_tensor(hidden)] = tokens.mask_index
+    share = len(hidden) / test_x.shape[1]
+    sigma = torch.full((len(x),), -math.log1p(-share))  # 1 - e^-sigma = share
+    labels = loaded.perturbation_labels([str(lab) for lab in test_labels])
+    logits = loaded.model(x, sigma, labels).float()[..., : tokens.num_bins]
+    probs = torch.softmax(logits, dim=-1)
+    return (probs * torch.arange(tokens.num_bins, dtype=probs.dtype)).sum(-1).numpy()
 
 
 def main() -> int:
@@ -65,6 +110,12 @@ def main() -> int:
         shown = np.setdiff1d(np.arange(len(genes)), hidden)
         row = {"mask_seed": mask_seed, "hidden_genes": len(hidden),
                "label_mean": per_gene_r(baseline[:, hidden], test_x[:, hidden])}  # fmt: skip
+        row["label_mean_x_depth"] = per_gene_r(
+            depth_scaled_label_mean(train_x, train_labels, test_x, test_labels, shown)[:, hidden],
+            test_x[:, hidden],
+        )
+        expected = conditional_mean(args.model, test_x, test_labels, hidden)
+        row["model_conditional_mean"] = per_gene_r(expected[:, hidden], test_x[:, hidden])
         for k in args.n_samples:
             made = model.impute(test[:, shown].copy(), condition_key=args.label_key, seed=0,
                                 steps=args.steps, n_samples=k, progress=False)  # fmt: skip

@@ -381,9 +381,16 @@ def test_documented_command_chain_reproduces_the_weights_byte_for_byte(
 
 def test_config_file_paths_are_relative_to_the_file_not_the_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # anywhere but the repository
-    shipped = load_train_config(Path(__file__).parents[2] / "configs" / "pbmc_default.json")
+    root = Path(__file__).parents[2]
+    shipped = load_train_config(root / "configs" / "pbmc_default_v2.json")  # the bundled recipe
     assert Path(shipped.data).is_file() and Path(shipped.data).name == "pbmc68k_counts.h5ad"
-    assert Path(shipped.out).resolve() == (Path(__file__).parents[2] / "models" / "pbmc_default")
+    assert Path(shipped.out).resolve() == root / "models" / "pbmc_default"
+    assert Path(shipped.init_from).resolve() == root / "models" / "pbmc_v1"
+    assert load_checkpoint(shipped.init_from).config.provenance.step == 4700  # the v1 chain's end
+    for first_model in ("pbmc_default.json", "pbmc_default_stage2.json"):  # the v1 chain
+        assert Path(load_train_config(root / "configs" / first_model).out) == Path(
+            shipped.init_from
+        )
     assert Path(load_train_config().data).is_file()  # the default: the bundled counts
     nested = tmp_path / "configs" / "run.json"
     nested.parent.mkdir()
