@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sedd.checkpoints import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, save_native
+from sedd.checkpoints import CONFIG_FILE, WEIGHTS_FILE, LoadedModel, load_checkpoint, save_native
 from sedd.checkpoints.schema import ModelConfig
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import Noise
@@ -34,6 +34,7 @@ __all__ = [
     "EMA",
     "STATE_FILE",
     "STATE_FORMAT",
+    "init_weights",
     "read_state",
     "restore_rng_states",
     "rng_states",
@@ -144,3 +145,41 @@ def write_native_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def init_weights(
+    source: str, config: ModelConfig, model: nn.Module, ema_model: nn.Module
+) -> dict[str, str]:
+    """Load the weights of the model at ``source`` into ``model`` and ``ema_model`` (fine-tuning);
+    refused unless it is the model ``config`` describes (same architecture, size, genes, bins and
+    labels; dropout may differ). Returns the provenance record: the source and its sha256."""
+    loaded = load_checkpoint(source)
+    theirs = loaded.config
+    if theirs.architecture != config.architecture:
+        _init_mismatch(source, "architecture", theirs.architecture, config.architecture)
+    mine_arch = config.arch.model_dump(exclude={"dropout"})
+    theirs_arch = theirs.arch.model_dump(exclude={"dropout"})
+    for key in sorted(mine_arch):
+        if theirs_arch.get(key) != mine_arch[key]:
+            _init_mismatch(source, f"arch.{key}", theirs_arch.get(key), mine_arch[key])
+    for key in ("genes", "perturbations"):
+        before, now = getattr(theirs, key), getattr(config, key)
+        if list(before or []) != list(now or []):
+            _init_mismatch(source, key, _names(before), _names(now))
+    state = loaded.model.state_dict()
+    model.load_state_dict(state)
+    ema_model.load_state_dict(state)
+    return {"source": str(source), "sha256": loaded.file_hash}
+
+
+def _names(names: Any) -> str:
+    names = list(names or [])
+    head = ", ".join(map(str, names[:3])) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} names [{head}]"
+
+
+def _init_mismatch(source: str, field: str, theirs: Any, mine: Any) -> None:
+    raise ValueError(
+        f"init_from: {source} has {field} {theirs}, but this run builds {mine}; fine-tune only a "
+        "model of the same genes, bins, labels and size (or drop init_from to train from scratch)."
+    )

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from sedd.checkpoints import build_model, load_checkpoint
+from sedd.checkpoints import build_model
 from sedd.defaults import default_device
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
@@ -57,6 +57,7 @@ from sedd.train.state import (
     EMA,
     STATE_FILE,
     STATE_FORMAT,
+    init_weights,
     read_state,
     restore_rng_states,
     rng_states,
@@ -165,7 +166,9 @@ class Trainer:
         if resume:
             self._load_state()
         elif config.init_from is not None:
-            self._init_from(config.init_from)
+            self.init_record = init_weights(
+                config.init_from, self.model_config, self.model, self.ema.model
+            )
         if command:
             self.commands.append(command)
 
@@ -364,27 +367,6 @@ class Trainer:
             run_path=self.config.run_path, command=self.command, data_hash=self.data.data_hash,
         )  # fmt: skip
 
-    def _init_from(self, source: str) -> None:
-        """Start from the weights of the model at ``source`` (fine-tuning): model and EMA both.
-        Refused unless it is the model this run would build (same genes, bins, labels, size)."""
-        loaded = load_checkpoint(source)
-        theirs, mine = loaded.config, self.model_config
-        if theirs.architecture != mine.architecture:
-            _init_mismatch(source, "architecture", theirs.architecture, mine.architecture)
-        mine_arch = mine.arch.model_dump(exclude={"dropout"})
-        theirs_arch = theirs.arch.model_dump(exclude={"dropout"})
-        for key in sorted(mine_arch):
-            if theirs_arch.get(key) != mine_arch[key]:
-                _init_mismatch(source, f"arch.{key}", theirs_arch.get(key), mine_arch[key])
-        for key in ("genes", "perturbations"):
-            before, now = getattr(theirs, key), getattr(mine, key)
-            if list(before or []) != list(now or []):
-                _init_mismatch(source, key, _short(before), _short(now))
-        state = loaded.model.state_dict()
-        self.model.load_state_dict(state)
-        self.ema.model.load_state_dict(state)
-        self.init_record = {"source": str(source), "sha256": loaded.file_hash}
-
     def _load_state(self) -> None:
         state = read_state(self.config, self.data.data_hash)
         self.model.load_state_dict(state["model"])
@@ -397,16 +379,3 @@ class Trainer:
         self.commands = list(state.get("commands", []))
         self.init_record = state.get("init_from")
         restore_rng_states(state["rng"], self.generator, self.device)
-
-
-def _short(names: Any) -> str:
-    names = list(names or [])
-    head = ", ".join(map(str, names[:3])) + (", ..." if len(names) > 3 else "")
-    return f"{len(names)} names [{head}]"
-
-
-def _init_mismatch(source: str, field: str, theirs: Any, mine: Any) -> None:
-    raise ValueError(
-        f"init_from: {source} has {field} {theirs}, but this run builds {mine}; fine-tune only a "
-        "model of the same genes, bins, labels and size (or drop init_from to train from scratch)."
-    )
