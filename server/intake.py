@@ -237,8 +237,9 @@ def _plan(loaded: LoadedModel, request: GenerationRequest, names_loc: list[str |
 # Admission prices a forward this much above the measured median: the forward time varies with
 # what else the machine runs (the event loop's own work included), and a request admitted on an
 # estimate that just fits would end in a 504 (scripts/overload_check.py, 2 minutes of mixed
-# load on a 2-core machine: 2-3 of about 300 at 1.0 and 1.25, none at 1.5).
-COST_MARGIN = 1.5
+# load on a 2-core machine: 2-3 of about 300 at 1.0 and 1.25; at 1.5 none in several CI runs,
+# then one of 321 in another, answered at 10.1 s on a 10 s deadline).
+COST_MARGIN = 1.75
 
 
 def check_cost(service: Service, planned: PlannedJob) -> None:
