@@ -29,7 +29,9 @@ from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_
 from sedd.defaults import (
     CELLS_PER_PERTURBATION,
     DEFAULT_BATCH_SIZE,
+    LIBRARY_SCHEDULE,
     SamplingOptions,
+    Schedule,
     default_device,
 )
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
@@ -53,11 +55,14 @@ from sedd.run import interactive, progress_bar, run_plan
 __all__ = ["Model", "load"]
 
 
-def sampling_of(sampling: SamplingOptions | None, options: dict[str, Any]) -> SamplingOptions:
+def sampling_of(
+    sampling: SamplingOptions | None, options: dict[str, Any], default: Schedule = LIBRARY_SCHEDULE
+) -> SamplingOptions:
     """A method's sampling options: its ``sampling`` value, or one made from its keywords
-    (``SamplingOptions.resolve``: an unknown or invalid one raises ``OptionError``)."""
+    (``SamplingOptions.resolve`` with the model's ``default`` schedule: an unknown or invalid
+    one raises ``OptionError``)."""
     if sampling is None:
-        return SamplingOptions.resolve(**options)
+        return SamplingOptions.resolve(**options, default=default)
     if options:
         raise ValueError(
             f"pass `sampling` or sampling options by keyword ({', '.join(sorted(options))}), "
@@ -236,7 +241,7 @@ class Model:
         ``sedd generate --conditions ... --cells N --seed S`` (``--like FILE``) and the server's
         ``/generate`` for the same parameters.
         """
-        sampling = sampling_of(sampling, options)
+        sampling = sampling_of(sampling, options, self.loaded.schedule)
         if like is not None:
             if num_cells is not None or condition is not None:
                 raise ValueError("pass `like` or `num_cells`/`condition`, not both.")
@@ -272,7 +277,7 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        sampling = sampling_of(sampling, options)
+        sampling = sampling_of(sampling, options, self.loaded.schedule)
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress, batch_size)
 
@@ -322,7 +327,7 @@ class Model:
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
         imputation = with_cell_types(self.loaded, imputation, cell_type_key=cell_type_key)
         dropped_genes_warning(imputation)
-        sampling = sampling_of(sampling, options)
+        sampling = sampling_of(sampling, options, self.loaded.schedule)
         conditions, counts = imputation_conditions(
             self.loaded, imputation, condition, condition_key
         )

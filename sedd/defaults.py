@@ -18,13 +18,16 @@ from typing import Any, Literal, get_args
 
 TimeGrid = Literal["uniform", "cosine"]
 TIME_GRIDS: tuple[str, ...] = get_args(TimeGrid)
-# the reverse step: Euler, or analytic (Tweedie tau-leaping); ``sedd.diffusion.sampling``
-Predictor = Literal["euler", "analytic"]
+# the reverse step (``sedd.diffusion.steps``, one module each, in this order): Euler or analytic
+# (Tweedie tau-leaping) on a time grid, or entropy-bounded adaptive unmasking
+Predictor = Literal["euler", "analytic", "entropy"]
 PREDICTORS: tuple[str, ...] = get_args(Predictor)
 MAX_SEED = 2**63 - 1  # seeds are int64 Philox keys (``sedd.diffusion.randomness``)
 MAX_STEPS = 2**32 - 1  # a step number is one 32-bit Philox counter word
 
 DEFAULT_STEPS = 10
+# the entropy-bounded step's bound (nats) when a request names none
+DEFAULT_ENTROPY_BOUND = 1.0
 # cells a batch (an engine job) of an offline run: memory, never a cell (``EngineSettings``)
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_GRID: TimeGrid = "uniform"
@@ -40,15 +43,66 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_schedule(steps: int | None, grid: str | None) -> tuple[int, str]:
-    """(steps, grid) of a request that may leave either out: neither gives the tuned default;
-    steps alone gives that many uniform steps (st3's schedule); a grid alone, the default
-    number of steps on it."""
+@dataclass(frozen=True)
+class Schedule:
+    """How a model samples when a request names no schedule: the library's tuned default, or a
+    model's own calibration (``calibration.json`` beside its weights, written by
+    ``sedd calibrate``; ``sedd.checkpoints.calibration``)."""
+
+    sampler: Predictor = "euler"
+    steps: int = DEFAULT_STEPS  # for an adaptive sampler: the most forwards a cell takes
+    time_grid: TimeGrid = DEFAULT_GRID
+    entropy_bound: float = DEFAULT_ENTROPY_BOUND
+
+    def record(self) -> dict[str, Any]:
+        """As JSON: the fields a ``SamplingOptions`` record keys them by."""
+        out: dict[str, Any] = {"sampler": self.sampler, "steps": self.steps}
+        if self.time_grid != "uniform":
+            out["time_grid"] = self.time_grid
+        if self.sampler == "entropy":
+            out["entropy_bound"] = self.entropy_bound
+        return out
+
+
+LIBRARY_SCHEDULE = Schedule()
+# the options a schedule resolves together (``resolve_schedule``): left out, they come from it
+SCHEDULE_FIELDS: tuple[str, ...] = ("steps", "time_grid", "sampler", "entropy_bound")
+
+
+def resolve_schedule(
+    steps: int | None,
+    grid: str | None,
+    sampler: str | None = None,
+    entropy_bound: float | None = None,
+    default: Schedule = LIBRARY_SCHEDULE,
+) -> dict[str, Any]:
+    """The schedule fields (steps, time_grid, sampler, entropy_bound) of a request that may
+    leave any out:
+
+    * none of steps, grid and sampler: ``default`` (the model's calibrated schedule, or the
+      library's tuned one), with ``entropy_bound`` if given;
+    * steps alone: that many uniform Euler steps (st3's schedule); a grid alone, the default
+      number of steps on it;
+    * a sampler: its own schedule where ``default`` is of that sampler, else the library's
+      defaults for the fields left out.
+    """
+    if steps is None and grid is None and sampler is None:
+        bound = default.entropy_bound if entropy_bound is None else entropy_bound
+        return {"steps": default.steps, "time_grid": default.time_grid,
+                "sampler": default.sampler, "entropy_bound": bound}  # fmt: skip
+    own = default if sampler is not None and sampler == default.sampler else LIBRARY_SCHEDULE
     if steps is None and grid is None:
-        return DEFAULT_STEPS, DEFAULT_GRID
-    if grid is None:
-        return int(steps), STEPS_ONLY_GRID  # type: ignore[arg-type]
-    return (DEFAULT_STEPS if steps is None else int(steps)), grid
+        steps, grid = own.steps, own.time_grid
+    elif grid is None:
+        grid = STEPS_ONLY_GRID
+    elif steps is None:
+        steps = DEFAULT_STEPS
+    return {
+        "steps": int(steps),  # type: ignore[arg-type]
+        "time_grid": grid,
+        "sampler": "euler" if sampler is None else sampler,
+        "entropy_bound": own.entropy_bound if entropy_bound is None else entropy_bound,
+    }
 
 
 # Paths of what ships with the package (the CLI's parsers read these too).
@@ -96,21 +150,27 @@ class SamplingOptions:
     time_grid: TimeGrid = field(default=DEFAULT_GRID, metadata=_about(
         "how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)", "--grid"
     ))  # fmt: skip
-    sampler: Predictor = field(
-        default="euler", metadata=_about("the reverse step: euler or analytic (Tweedie)")
-    )
+    sampler: Predictor = field(default="euler", metadata=_about(
+        "the reverse step: euler or analytic (Tweedie) on the time grid, or entropy "
+        "(entropy-bounded adaptive unmasking: --steps is then the most forwards a cell takes)"
+    ))  # fmt: skip
     temperature: float = field(
         default=1.0, metadata=_about("1 samples the model's law; below 1 sharpens it")
     )
     seed: int = field(default=0, metadata=_about("cell i draws from stream (seed, i)"))
+    entropy_bound: float = field(default=DEFAULT_ENTROPY_BOUND, metadata=_about(
+        "sampler entropy: each forward commits a cell's surest masked genes while their "
+        "entropies sum to at most this (nats); 0 commits one gene a forward"
+    ))  # fmt: skip
 
     def __post_init__(self) -> None:
-        steps, temperature, seed = self.steps, self.temperature, self.seed
         for name, kind, cast in (("steps", _is_int, int), ("seed", _is_int, int),
-                                 ("temperature", _is_real, float)):  # fmt: skip
+                                 ("temperature", _is_real, float),
+                                 ("entropy_bound", _is_real, float)):  # fmt: skip
             if kind(getattr(self, name)):  # numpy scalars too; 1 and 1.0 record alike
                 object.__setattr__(self, name, cast(getattr(self, name)))
         steps, temperature, seed = self.steps, self.temperature, self.seed
+        bound = self.entropy_bound
         checks = (
             ("steps", _is_int(steps) and steps >= 1, ">= 1"),
             ("steps", _is_int(steps) and steps <= MAX_STEPS, f"<= {MAX_STEPS}"),
@@ -119,6 +179,8 @@ class SamplingOptions:
             ("temperature", _is_real(temperature) and math.isfinite(temperature)
              and temperature > 0, "finite and > 0"),
             ("seed", _is_int(seed) and 0 <= seed <= MAX_SEED, "in [0, 2**63 - 1]"),
+            ("entropy_bound", _is_real(bound) and math.isfinite(bound) and bound >= 0,
+             "finite and >= 0"),
         )  # fmt: skip
         for name, ok, rule in checks:
             if not ok:
@@ -126,17 +188,25 @@ class SamplingOptions:
 
     @classmethod
     def resolve(
-        cls, steps: int | None = None, time_grid: str | None = None, **options: Any
+        cls,
+        steps: int | None = None,
+        time_grid: str | None = None,
+        sampler: str | None = None,
+        entropy_bound: float | None = None,
+        *,
+        default: Schedule = LIBRARY_SCHEDULE,
+        **options: Any,
     ) -> SamplingOptions:
-        """Options with the schedule resolved (``resolve_schedule``): neither ``steps`` nor
-        ``time_grid`` gives the tuned default; ``steps`` alone, st3's uniform grid. ``options``:
-        the other fields by name; an unknown name raises ``OptionError``."""
+        """Options with the schedule resolved (``resolve_schedule``): no ``steps``,
+        ``time_grid`` or ``sampler`` gives ``default`` (the model's calibrated schedule, or the
+        library's tuned one); ``steps`` alone, st3's uniform grid. ``options``: the other
+        fields by name; an unknown name raises ``OptionError``."""
         unknown = sorted(set(options) - set(OPTION_NAMES))
         if unknown:
             known = ", ".join(OPTION_NAMES)
             raise OptionError(unknown[0], f"`{unknown[0]}` is not a sampling option ({known}).")
-        steps, grid = resolve_schedule(steps, time_grid)
-        return cls(steps, grid, **options)  # type: ignore[arg-type]
+        schedule = resolve_schedule(steps, time_grid, sampler, entropy_bound, default)
+        return cls(**schedule, **options)
 
     def record(self) -> dict[str, Any]:
         """The options as plain JSON values, keyed as a request's record has always keyed them
@@ -145,6 +215,8 @@ class SamplingOptions:
                                "temperature": self.temperature, "seed": self.seed}  # fmt: skip
         if self.time_grid != "uniform":
             out["time_grid"] = self.time_grid
+        if self.sampler == "entropy":  # only where it is used, so earlier run ids hold
+            out["entropy_bound"] = self.entropy_bound
         return out
 
 

@@ -173,6 +173,9 @@ def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, objec
         "tokens_per_s": snapshot.tokens_per_s,
         "forwards": snapshot.forwards,
         "forwards_per_s": snapshot.forwards_per_s,
+        # what a cell cost: its forwards, and the genes it drew per forward
+        "forwards_per_cell": snapshot.forwards_per_cell,
+        "genes_per_forward": snapshot.genes_per_forward,
         "peak_memory_mib": snapshot.memory_peak_mib,
         "peak_memory_kind": snapshot.memory_kind,
         "current_memory_mib": snapshot.memory_current_mib,

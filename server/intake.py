@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from sedd.checkpoints import LoadedModel, UnknownLabelError
-from sedd.defaults import OPTION_NAMES, OptionError, resolve_schedule
+from sedd.defaults import LIBRARY_SCHEDULE, OPTION_NAMES, OptionError, Schedule, resolve_schedule
 from sedd.defaults import SamplingOptions as Sampling
 from sedd.engine import EngineJob
 from sedd.engine.admission import Work
@@ -41,7 +41,7 @@ from server.state import Service
 def to_request(body: SamplingOptions, loaded: LoadedModel, settings: Settings) -> GenerationRequest:
     """The library's one request type for ``body``, within the server's limits: its sampling
     options first (``to_sampling``), then the cells it asks for and the model's names."""
-    sampling = to_sampling(body, settings)
+    sampling = to_sampling(body, settings, loaded.schedule)
     match body:
         case GenerateRequest():
             return _generate(body, loaded, settings, sampling)
@@ -52,14 +52,19 @@ def to_request(body: SamplingOptions, loaded: LoadedModel, settings: Settings) -
     raise TypeError(f"no request for a {type(body).__name__} body")
 
 
-def to_sampling(body: SamplingOptions, settings: Settings) -> Sampling:
+def to_sampling(
+    body: SamplingOptions, settings: Settings, schedule: Schedule = LIBRARY_SCHEDULE
+) -> Sampling:
     """The library's sampling options for ``body``, every field named as the body names it
-    (``SamplingOptions``' fields), its schedule resolved (``sedd.defaults.resolve_schedule``)
-    and a left-out ``steps`` capped at ``max_steps``. The value checks itself: ``OptionError``
+    (``SamplingOptions``' fields), its schedule resolved (``sedd.defaults.resolve_schedule``,
+    from the model's ``schedule`` where the body names none) and a left-out ``steps`` capped at
+    ``max_steps``. The value checks itself: ``OptionError``
     names the field (``plan_body`` reports it)."""
     options = {name: getattr(body, name) for name in OPTION_NAMES}
-    steps, options["time_grid"] = resolve_schedule(body.steps, body.time_grid)
-    options["steps"] = steps if body.steps is not None else min(steps, settings.max_steps)
+    options.update(resolve_schedule(body.steps, body.time_grid, body.sampler,
+                                    body.entropy_bound, schedule))  # fmt: skip
+    if body.steps is None:
+        options["steps"] = min(options["steps"], settings.max_steps)
     _check_steps(settings, options["steps"])
     return Sampling(**options)
 

@@ -30,6 +30,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 STEP_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+FORWARDS_PER_CELL_BUCKETS = (1, 2, 4, 6, 8, 10, 12, 16, 24, 32, 51, 64, 101, 256)
 RATE_WINDOW_S = 60.0  # the window of the /s gauges: pass it as the app Monitor's ``window_s``
 _MIB = 2**20
 
@@ -139,6 +140,21 @@ class ServiceMetrics:
         self.jobs = Counter("sedd_jobs", "engine jobs by outcome", ["outcome"], registry=reg)
         self.forwards = Counter("sedd_forwards", "model forwards run (calls)", registry=reg)
         self.cells = Counter("sedd_cells_generated", "cells generated", registry=reg)
+        # forwards per cell = sedd_cell_forwards / sedd_cells_generated; genes committed per
+        # forward = sedd_genes_committed / sedd_cell_forwards
+        self.cell_forwards = Counter(
+            "sedd_cell_forwards", "forwards summed over the cells generated", registry=reg
+        )
+        self.genes_committed = Counter(
+            "sedd_genes_committed", "genes drawn from the mask over the cells generated",
+            registry=reg,
+        )  # fmt: skip
+        self.forwards_per_cell = Histogram(
+            "sedd_forwards_per_cell",
+            "forwards a cell took, one observation per finished request (its mean)",
+            buckets=FORWARDS_PER_CELL_BUCKETS,
+            registry=reg,
+        )
         self.tokens = Counter("sedd_tokens_generated", "gene tokens generated", registry=reg)
         self.fallbacks = Counter(
             "sedd_fp32_fallbacks", "rows recomputed in fp32 after a non-finite score", registry=reg
@@ -178,8 +194,12 @@ class ServiceMetrics:
         cells = int(result.tokens.shape[0])
         self.cells.inc(cells)
         self.tokens.inc(cells * self.num_genes)
+        self.cell_forwards.inc(result.row_forwards)
+        self.genes_committed.inc(result.genes_committed)
+        if cells:
+            self.forwards_per_cell.observe(result.row_forwards / cells)
         if self.monitor is not None:
-            self.monitor.add_cells(cells)
+            self.monitor.add_cells(cells, result.row_forwards, result.genes_committed)
         if result.fp32_fallbacks:
             self.fallbacks.inc(result.fp32_fallbacks)
 

@@ -37,13 +37,28 @@ class SamplingOptions(_Request):
         default=None,
         ge=1,
         le=HARD_MAX_STEPS,
-        description="reverse steps; left out: the tuned default schedule (capped at max_steps); "
-        "given without time_grid: that many uniform steps (st3's schedule)",
+        description="reverse steps (sampler entropy: the most forwards a cell takes); left "
+        "out with time_grid and sampler: the model's default schedule (GET /v1/models: "
+        "default_schedule; capped at max_steps); given alone: that many uniform Euler steps "
+        "(st3's schedule)",
     )
     time_grid: TimeGrid | None = Field(
         default=None, description="how t falls from 1 to 0: uniform (st3's) or cosine"
     )
-    sampler: SamplerName = Field(default="euler", description="reverse step: euler or analytic")
+    sampler: SamplerName | None = Field(
+        default=None,
+        description="reverse step: euler or analytic on the time grid, or entropy (entropy-"
+        "bounded adaptive unmasking; a cell ends when its genes are drawn); left out: the "
+        "model's default schedule's, or euler when steps or time_grid is given",
+    )
+    entropy_bound: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="sampler entropy: a forward commits a cell's surest masked genes while their "
+        "entropies sum to at most this (nats); left out: the model's default schedule's",
+    )
     temperature: float = Field(
         default=1.0, ge=0.05, le=10.0, allow_inf_nan=False, description="1 = the model's law"
     )

@@ -27,7 +27,7 @@ import torch
 from sedd.api import Model
 from sedd.bench.flops import forward_flops, forward_seconds, matmul_flops_per_s
 from sedd.checkpoints import LoadedModel
-from sedd.defaults import resolve_schedule
+from sedd.defaults import DEFAULT_ENTROPY_BOUND, LIBRARY_SCHEDULE, Schedule, resolve_schedule
 from sedd.engine.forwards import block_rows_for
 from sedd.eval.quality import HeldOut
 from sedd.precision import PrecisionPolicy, resolve_precision
@@ -39,12 +39,17 @@ class Arm:
     steps: int
     grid: str
     batch_size: int
+    sampler: str = "euler"
+    entropy_bound: float = DEFAULT_ENTROPY_BOUND
 
 
-def arms() -> tuple[Arm, Arm]:
-    """(st3's pattern, our default)."""
-    steps, grid = resolve_schedule(None, None)
-    return Arm("st3", 50, "uniform", 1), Arm("default", steps, grid, 64)
+def arms(schedule: Schedule = LIBRARY_SCHEDULE) -> tuple[Arm, Arm]:
+    """(st3's pattern: 50 uniform Euler steps a cell at a time, our default: the model's
+    ``schedule``)."""
+    default = resolve_schedule(None, None, default=schedule)
+    ours = Arm("default", default["steps"], default["time_grid"], 64, default["sampler"],
+               default["entropy_bound"])  # fmt: skip
+    return Arm("st3", 50, "uniform", 1), ours
 
 
 def compare(
@@ -60,7 +65,7 @@ def compare(
     key = label_key or loaded.config.label_key or "bulk_labels"
     held_out = HeldOut.from_file(data, loaded.config.genes, key)
     labels = held_out.test_labels
-    st3_arm, default_arm = arms()
+    st3_arm, default_arm = arms(loaded.schedule)
     one_row = Model(loaded, policy, tokens_per_forward=loaded.config.num_genes)
     runs = {
         st3_arm.name: _ArmRun(st3_arm, one_row),
@@ -85,17 +90,19 @@ class _ArmRun:
     def __init__(self, arm: Arm, model: Model) -> None:
         self.arm, self.model = arm, model
         self.parts: list[np.ndarray] = []
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.calls, self.cell_forwards = 0.0, 0, 0.0
 
     def add(self, labels: Sequence[str], seed: int) -> None:
         arm = self.arm
         start = time.perf_counter()
         adata = self.model.generate(
             1, condition=list(labels), steps=arm.steps, time_grid=arm.grid,  # type: ignore[arg-type]
-            seed=seed, batch_size=arm.batch_size,
+            sampler=arm.sampler, entropy_bound=arm.entropy_bound, seed=seed,
+            batch_size=arm.batch_size,
         )  # fmt: skip
         self.seconds += time.perf_counter() - start
         self.calls += int(adata.uns["sedd"]["timings"]["forwards"])
+        self.cell_forwards += float(adata.uns["sedd"]["timings"]["forwards_per_cell"]) * len(labels)
         self.parts.append(adata.X.toarray())
 
     def counts(self) -> np.ndarray:
@@ -104,8 +111,11 @@ class _ArmRun:
     def figures(self) -> dict[str, object]:
         cells = sum(len(p) for p in self.parts)
         return {
+            "sampler": self.arm.sampler,
             "steps": self.arm.steps,
             "time_grid": self.arm.grid,
+            **({"entropy_bound": self.arm.entropy_bound} if self.arm.sampler == "entropy" else {}),
+            "forwards_per_cell": self.cell_forwards / max(cells, 1),
             "batch_size": self.arm.batch_size,
             "seconds": self.seconds,
             "cells_per_s": cells / self.seconds,

@@ -122,7 +122,7 @@ def block_step_roofline(
         labels = torch.zeros(shape.rows, dtype=torch.long, device="cuda")
         rows = StepRows.of_request(x, 0.8, 0.6, labels=labels)
         branches = StepBranches(
-            any_final=False, any_euler=True, any_tweedie=False, any_tempered=False
+            any_final=False, kinds=frozenset({"euler"}), any_tempered=False
         )
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()

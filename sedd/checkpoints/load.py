@@ -26,6 +26,7 @@ import torch
 from pydantic import ValidationError
 
 from sedd.checkpoints import reference, st3
+from sedd.checkpoints.calibration import read_calibration
 from sedd.checkpoints.io import CheckpointError, CheckpointNotFoundError, read_json
 from sedd.checkpoints.labels import (
     PositionalGenesWarning,
@@ -41,7 +42,7 @@ from sedd.checkpoints.loaded import (
     problems,
 )
 from sedd.checkpoints.native import load_native
-from sedd.defaults import DEFAULT_MODEL
+from sedd.defaults import DEFAULT_MODEL, LIBRARY_SCHEDULE
 from sedd.diffusion.graph import graph_from_config
 from sedd.diffusion.noise import noise_from_config
 
@@ -148,6 +149,7 @@ def load_checkpoint(
     model = build_checked_model(parts)
     model = model.to(device=device, dtype=torch.float32).eval()
     vecs = parts.vectors  # kept on the CPU: labels are planned on the host (LoadedModel)
+    calibration = read_calibration(path, parts.file_hash)
     return LoadedModel(
         model=model,
         config=parts.config,
@@ -158,4 +160,6 @@ def load_checkpoint(
         perturbation_vectors=None if vecs is None else {k: v.float() for k, v in vecs.items()},
         layout=layout,
         weights_file=parts.weights_file,
+        schedule=LIBRARY_SCHEDULE if calibration is None else calibration.to_schedule(),
+        calibrated=calibration is not None,
     )

@@ -19,6 +19,7 @@ from torch import nn
 
 from sedd.checkpoints.io import CheckpointError, read_json
 from sedd.checkpoints.schema import ModelConfig
+from sedd.defaults import LIBRARY_SCHEDULE, Schedule
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.noise import Noise
 from sedd.models.ddit import DDiT
@@ -66,6 +67,10 @@ class LoadedModel:
     perturbation_vectors: dict[str, torch.Tensor] | None = None
     layout: Layout = "native"
     weights_file: Path | None = None
+    # what a request that names no schedule runs: the model's calibration (calibration.json,
+    # ``sedd calibrate``), else the library's tuned default
+    schedule: Schedule = LIBRARY_SCHEDULE
+    calibrated: bool = False  # the schedule is the model's own
 
     @property
     def conditional(self) -> bool:

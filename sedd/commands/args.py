@@ -18,17 +18,18 @@ from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from sedd.defaults import DEFAULT_MODEL, SamplingOptions
+from sedd.defaults import DEFAULT_MODEL, SCHEDULE_FIELDS, SamplingOptions
 
 
 def add_option_argument(p: argparse.ArgumentParser, option: Field[Any]) -> None:
     """The flag of one ``SamplingOptions`` field: ``--name`` (and its extra spellings), typed
-    and with choices as the field is, defaulting to None for the schedule (``steps`` and
-    ``time_grid`` resolve together) and to the field's default otherwise. Values are checked
-    by ``SamplingOptions`` itself, so the CLI, the API and HTTP refuse the same ones."""
+    and with choices as the field is, defaulting to None for the schedule (``steps``,
+    ``time_grid``, ``sampler`` and ``entropy_bound`` resolve together, from the model's)
+    and to the field's default otherwise. Values are checked by ``SamplingOptions`` itself,
+    so the CLI, the API and HTTP refuse the same ones."""
     kind = get_type_hints(SamplingOptions)[option.name]
     choices = get_args(kind) if get_origin(kind) is Literal else None
-    schedule = option.name in ("steps", "time_grid")
+    schedule = option.name in SCHEDULE_FIELDS
     default = None if schedule else option.default
     shown = "" if schedule else f" (default {option.default})"
     p.add_argument(

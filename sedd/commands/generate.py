@@ -69,13 +69,16 @@ def run(args: argparse.Namespace) -> int:
     if args.like is not None:
         names, counts = label_mix(loaded, args.like, args.condition_key)
         request = request_from_args(
-            args, cells_per_condition=1, conditions=names, condition_counts=tuple(counts)
+            args, cells_per_condition=1, conditions=names, condition_counts=tuple(counts),
+            schedule=loaded.schedule,
         )
         run_request(loaded, request, args)
         return 0
     conditions = args.conditions
     if conditions is None and loaded.conditional:
         conditions = loaded.conditions
-    request = request_from_args(args, cells_per_condition=args.cells, conditions=conditions)
+    request = request_from_args(
+        args, cells_per_condition=args.cells, conditions=conditions, schedule=loaded.schedule
+    )
     run_request(loaded, request, args)
     return 0

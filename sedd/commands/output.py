@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import show_progress
-from sedd.defaults import OPTION_NAMES, SamplingOptions
+from sedd.defaults import LIBRARY_SCHEDULE, OPTION_NAMES, SamplingOptions, Schedule
 from sedd.engine import EngineSettings
 from sedd.engine.offline import ProgressHook
 from sedd.io.cell_writer import CellWriter
@@ -98,12 +98,14 @@ def request_from_args(
     imputation: Imputation | None = None,
     condition_counts: tuple[int, ...] | None = None,
     n_samples: int = 1,
+    schedule: Schedule = LIBRARY_SCHEDULE,
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe (``n_samples``: draws of
     each imputed cell, ``sedd impute --n-samples``): its sampling options are the flags named
-    for ``SamplingOptions``' fields, all of them, by name."""
+    for ``SamplingOptions``' fields, all of them, by name; the schedule left out is the
+    model's (``schedule``: ``LoadedModel.schedule``)."""
     given = {name: getattr(args, name) for name in OPTION_NAMES if hasattr(args, name)}
-    sampling = SamplingOptions.resolve(**given)
+    sampling = SamplingOptions.resolve(**given, default=schedule)
     return GenerationRequest(
         cells_per_condition, conditions, args.cell_type, sampling,  # type: ignore[arg-type]
         imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
@@ -225,11 +227,15 @@ def summary_line(
     busy = f", GPU {gpu:.0f}% busy at the end" if gpu is not None else ""
     draws = int(stats.get("n_samples") or 1)  # stats count every draw; the file one a cell
     each = f" (and the mean of {draws} draws each)" if draws > 1 else ""
+    # a shard sum's stats may predate these figures: 0 then
+    forwards_per_cell = float(stats.get("forwards_per_cell") or 0.0)
+    genes_per_forward = float(stats.get("genes_per_forward") or 0.0)
     return (
         f"wrote {out}: {int(stats['cells']) // draws} cells x {num_genes} genes{each} in "
         f"{stats['seconds']:.1f} s ({stats['cells_per_s']:.2f} cells/s, "
         f"{stats['tokens_per_s']:.0f} tokens/s, {stats['forwards']} forwards = "
-        f"{stats['forwards_per_s']:.1f} forwards/s, peak memory "
+        f"{stats['forwards_per_s']:.1f} forwards/s, {forwards_per_cell:.2f} forwards a cell "
+        f"committing {genes_per_forward:.1f} genes each, peak memory "
         f"{stats['peak_memory_mib']:.0f} MiB [{stats['peak_memory_kind']}], "
         f"{stats['current_memory_mib']:.0f} MiB at the end{busy}, precision {precision.name} on "
         f"{precision.device}, TF32 {'on' if precision.tf32 else 'off'}, "

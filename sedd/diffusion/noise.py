@@ -29,6 +29,19 @@ class Noise(abc.ABC):
     def __call__(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.total_noise(t), self.rate_noise(t)
 
+    def time_of_mask_fraction(self, fraction: torch.Tensor) -> torch.Tensor:
+        """The t in [0, 1] at which the absorbing graph masks ``fraction`` of the positions,
+        1 - exp(-sigma(t)) = fraction (1 past the schedule's end): the time an adaptive step
+        reads off a row's state. Bisection in fp64 over the monotone sigma, 60 halvings (to
+        2^-60); schedules with a closed form override it."""
+        target = -torch.log1p(-fraction.double().clamp(0.0, 1.0))  # sigma wanted, (b,)
+        lo, hi = torch.zeros_like(target), torch.ones_like(target)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            below = self.total_noise(mid) < target
+            lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+        return hi
+
     @abc.abstractmethod
     def config(self) -> dict[str, object]:
         """A JSON-serialisable description, e.g. ``{"type": "loglinear", "eps": 1e-3}``."""
@@ -51,6 +64,10 @@ class LogLinearNoise(Noise):
 
     def rate_noise(self, t: torch.Tensor) -> torch.Tensor:
         return (1 - self.eps) / (1 - (1 - self.eps) * t)
+
+    def time_of_mask_fraction(self, fraction: torch.Tensor) -> torch.Tensor:
+        """t = fraction / (1 - eps), at most 1."""
+        return (fraction.double() / (1 - self.eps)).clamp(0.0, 1.0)
 
     def config(self) -> dict[str, object]:
         return {"type": "loglinear", "eps": self.eps}

@@ -2,7 +2,10 @@
 
 This is the executable spec of sampling, written as the reference SEDD code and diffusers
 pipelines read: start tokens at t = 1, one ``Sampler.step`` per pair of times on
-``time_grid(steps, eps, options.time_grid)``, then the denoise from eps to 0. The batching engine
+``time_grid(steps, eps, options.time_grid)``, then the denoise from eps to 0. Every kind of step
+(``sedd.diffusion.steps``) runs here: an adaptive one (entropy-bounded unmasking) reads each
+cell's time off its own tokens, takes at most ``steps`` forwards and ends when every cell is
+done. The batching engine
 (``sedd.engine``) runs the same steps for many requests at once, packing their rows into shared
 forwards; ``tests/diffusion/test_reference.py`` checks that its cells equal this loop's bit for
 bit, for every sampler, grid, conditioning and imputation.
@@ -18,6 +21,7 @@ import torch
 
 from sedd.defaults import SamplingOptions
 from sedd.diffusion.sampling import Sampler, StepRows, start_tokens, time_grid
+from sedd.diffusion.steps import kind_index, step_kind
 
 
 @dataclass
@@ -51,7 +55,7 @@ def reference_sample(
     ``x`` holds the start tokens of an imputation (the mask where a gene is to be drawn; ``fixed``
     marks the given genes, which never change); ``None`` starts every gene at t = 1.
     """
-    seed, steps, analytic = options.seed, options.steps, options.sampler == "analytic"
+    seed, steps = options.seed, options.steps
     device = sampler.device
     if x is None:
         x = start_tokens(sampler.graph, num_cells, num_genes or 0, device, seed=seed,
@@ -60,16 +64,24 @@ def reference_sample(
     fixed, labels, cell_types = (
         None if v is None else v.to(device) for v in (fixed, labels, cell_types)
     )
-    times = time_grid(steps, eps, options.time_grid).tolist()
-    pairs = list(itertools.pairwise(times)) + ([(times[-1], 0.0)] if denoise else [])
+    kind = step_kind(options.sampler)
+    total = kind.forwards(steps, denoise)
+    if not kind.adaptive:  # a kind on the time grid
+        times = time_grid(steps, eps, options.time_grid).tolist()
+        pairs = list(itertools.pairwise(times)) + ([(times[-1], 0.0)] if denoise else [])
+    else:  # each row's time is its own; t and s here are unused
+        pairs = [(1.0, 1.0)] * total
     for step, (t, s) in enumerate(pairs):
         rows = StepRows.of_request(
             x, t, s, seed=seed, first_cell=first_cell, step=step, temperature=options.temperature,
-            analytic=analytic, fixed=fixed, labels=labels, cell_types=cell_types,
+            kind=kind_index(options.sampler), entropy_bound=options.entropy_bound,
+            steps_left=total - step, fixed=fixed, labels=labels, cell_types=cell_types,
         )  # fmt: skip
         out = sampler.step(rows)
         x = out.tokens
+        left = int(out.active.sum()) if sampler.graph.absorb and out.active is not None else 0
         if on_step is not None:
-            left = int(out.active.sum()) if sampler.graph.absorb and out.active is not None else 0
             on_step(StepProgress(step + 1, len(pairs), num_cells, left / max(x.numel(), 1)))
+        if kind.adaptive and not left:  # every cell is done: its job ends here
+            break
     return x

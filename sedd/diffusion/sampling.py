@@ -34,21 +34,24 @@ engine and recomputes non-finite rows in fp32 (docs/precision.md rule 5).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sedd.defaults import Predictor
+from sedd.defaults import PREDICTORS, Predictor
 from sedd.diffusion.categorical import chunk_sums, sample_categorical, temper
 from sedd.diffusion.cuda_graphs import GraphedSteps
-from sedd.diffusion.graph import Graph, one_hot
+from sedd.diffusion.graph import Graph
 from sedd.diffusion.noise import Noise
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.diffusion.schedule import time_grid
 from sedd.diffusion.step_rows import StepBranches, StepRows
+from sedd.diffusion.steps import STEPS, ReverseStep, StepTimes
+from sedd.diffusion.steps.base import tweedie_transition
 from sedd.precision import (
     PrecisionPolicy,
     ScoreModel,
@@ -243,23 +246,32 @@ class Sampler:
     def _block_step(
         self, rows: StepRows, branches: StepBranches, amp: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active)."""
+        """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active).
+
+        Each row takes its own kind of step (``rows.kind``, ``sedd.diffusion.steps``); only the
+        kinds in ``branches`` are computed, and each is kept on its own rows."""
         x = rows.x  # (b, L)
         active = self._active(x, rows.fixed)
-        sigma_t = self.noise.total_noise(rows.t)  # (b,) fp64
+        kinds = self._kinds(branches)
+        t = rows.t  # (b,) fp64; an adaptive kind reads its rows' time off their tokens
+        for index, kind in kinds:
+            if (own_t := kind.row_time(x, self.graph, self.noise)) is not None:
+                t = torch.where(rows.kind == index, own_t, t)
+        sigma_t = self.noise.total_noise(t)  # (b,) fp64
         out = self.precision.block_scores(  # (b, L, V) fp32
             self.model, x, sigma_t.float(), rows.labels, rows.cell_types, amp=amp
         )
         final = rows.s <= 0  # (b,)
         sigma_s = torch.where(final, 0.0, self.noise.total_noise(rows.s.clamp_min(0)))
+        times = StepTimes(replace(rows, t=t), sigma_t, sigma_s, final, self.noise)
         stay = sums = None  # under the absorbing graph: the weight of staying masked, apart
         if self.graph.absorb:  # only masked positions change: the transition out of the mask
-            probs, stay, sums = self._unmask_probs(out, sigma_t, sigma_s, rows, final)
+            probs, stay, sums = self._unmask_probs(out, times, kinds)
             # NaN/+Inf in the output reaches its jumps' sums or its stay: no pass over (b, L, V)
             finite = torch.isfinite(sums.sum(dim=-1) + stay)
         else:
             finite = torch.isfinite(out.sum(dim=-1))  # a NaN/Inf anywhere makes it non-finite
-            probs = self._transition_probs(out, x, sigma_t, sigma_s, rows, final, branches)
+            probs = self._transition_probs(out, x, times, kinds, branches.any_final)
         nonfinite = (~finite & active).any(dim=-1)  # (b,)
         if branches.any_tempered:  # only tempered rows take temper: T = 1 rows stay exact
             temp = rows.temperature[:, None, None]  # (b, 1, 1)
@@ -267,6 +279,10 @@ class Sampler:
             # 0 here and the stay is kept apart, so temper leaves both as they are)
             current = torch.full_like(x, self.graph.dim - 1) if self.graph.absorb else x
             probs = torch.where(temp != 1, temper(probs, current, temp), probs)
+        changing = active  # (b, L): the positions this step may change
+        for index, kind in kinds:
+            if stay is not None and (chosen := kind.choose(probs, stay, active, rows)) is not None:
+                changing = torch.where((rows.kind == index)[:, None], active & chosen, changing)
         uniforms = cell_uniforms(rows.seed, rows.cell, rows.step, x.shape[1])  # (b, L) fp64
         # under the absorbing graph every entry is >= 0 (c s_y, and the stay clamped)
         drawn = sample_categorical(
@@ -278,8 +294,30 @@ class Sampler:
         if self.denoise_mode == "argmax" and branches.any_final:
             # a final row's stay is 0: the argmax is over the real tokens (the mask column is 0)
             drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
-        tokens = torch.where(active, drawn, x)  # (b, L)
+        tokens = torch.where(changing, drawn, x)  # (b, L)
         return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1)
+
+    @staticmethod
+    def _kinds(branches: StepBranches) -> list[tuple[int, ReverseStep]]:
+        """(index, kind) of every step kind that rows not at their final denoise take."""
+        return [(i, step) for i, step in enumerate(STEPS) if step.name in branches.kinds]
+
+    @staticmethod
+    def _per_kind(
+        rows: StepRows,
+        kinds: list[tuple[int, ReverseStep]],
+        value: Callable[[ReverseStep], torch.Tensor],
+    ) -> torch.Tensor | None:
+        """``value(kind)`` on the rows of each kind in ``kinds`` (None when there is none)."""
+        out: torch.Tensor | None = None
+        for index, kind in kinds:
+            mine = value(kind)
+            if out is None:
+                out = mine
+            else:
+                on = (rows.kind == index).view(-1, *([1] * (mine.dim() - 1)))
+                out = torch.where(on, mine, out)
+        return out
 
     def _score(self, out: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Concrete score (ratios), (b, L, V) fp32, for either parametrisation."""
@@ -293,12 +331,7 @@ class Sampler:
         return torch.cat([score, torch.ones_like(score[..., :1])], dim=-1)
 
     def _unmask_probs(
-        self,
-        out: torch.Tensor,
-        sigma_t: torch.Tensor,
-        sigma_s: torch.Tensor,
-        rows: StepRows,
-        final: torch.Tensor,
+        self, out: torch.Tensor, times: StepTimes, kinds: list[tuple[int, ReverseStep]]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Unnormalised p(x_s = y | x_t = mask) at every position: the jumps (b, L, V) fp32 with
         the mask's column 0, the stay p(mask) (b, L) fp32 apart, and the jumps' chunk sums
@@ -306,22 +339,28 @@ class Sampler:
         non-finite where the output was). Overwrites ``out``.
 
         Under the absorbing graph only masked positions can change (the others are kept by
-        ``torch.where`` in the step), so only the transition out of the mask is needed. Both
-        predictors then take one form, with the score s over the real tokens and S = sum_y s_y:
+        ``torch.where`` in the step), so only the transition out of the mask is needed. Every
+        kind then takes one form, with the score s over the real tokens and S = sum_y s_y:
         p(y) = c s_y for y != mask, p(mask) = s_mask - c S (Euler: s_mask = 1, as its reverse
-        rate's diagonal is -S). Euler: c = (t - s) sigma'(t); analytic and the final denoise:
-        c = e^dsigma - 1 (exp(-dsigma Q) s times row mask of exp(dsigma Q), simplified). The
-        final denoise never emits the mask: p(mask) = 0.
+        rate's diagonal is -S), with the kind's c (``ReverseStep.unmask_coefficient``: Euler
+        (t - s) sigma'(t), analytic e^dsigma - 1). The final denoise takes the analytic c at
+        dsigma = sigma(t) and never emits the mask: p(mask) = 0, as for a kind that commits.
 
         Every op is over whole rows of V, in place where it can be: a slice of the V - 1 real
         tokens would be copied (strided) by softmax, and a (b, L, V) buffer for the stay's one
         column would be written for it.
         """
+        rows, sigma_t, final = times.rows, times.sigma_t, times.final
         mask = self.graph.dim - 1
-        tweedie = final | rows.analytic  # (b,)
-        dsigma = torch.where(final, sigma_t, sigma_t - sigma_s)
-        euler_c = (rows.t - rows.s) * self.noise.rate_noise(rows.t)
-        c = torch.where(tweedie, torch.expm1(dsigma), euler_c)  # (b,) fp64
+        c = self._per_kind(rows, kinds, lambda kind: kind.unmask_coefficient(times))
+        c = torch.expm1(sigma_t) if c is None else torch.where(final, torch.expm1(sigma_t), c)
+        analytic = rows.kind == PREDICTORS.index("analytic")
+        tweedie = final | analytic  # (b,) the rows whose stay is the model's own mask score
+        committing = final.clone()  # (b,) rows that never stay masked
+        for index, kind in kinds:
+            if kind.commits:
+                committing |= rows.kind == index
+ # (b,)
         column = torch.full((1,), mask, device=out.device)  # index_fill_ writes (b, L), no view
         if self.model.parametrisation == "x0":  # s_y = p0_y / (e^sigma - 1), s_mask = 1
             scale = (c / torch.expm1(sigma_t)).float()[:, None, None]  # (b, 1, 1)
@@ -340,39 +379,29 @@ class Sampler:
         # skips a pass over (b, L, V) (it counts negatives as 0: the same numbers)
         sums = chunk_sums(jumps.flatten(0, 1)).view(*jumps.shape[:2], -1)  # (b, L, C)
         moved = sums.sum(dim=-1)  # (b, L): the mask's column is 0
-        stay = torch.where(final[:, None], 0.0, own - moved).clamp_min(0)  # (b, L)
+        stay = torch.where(committing[:, None], 0.0, own - moved).clamp_min(0)  # (b, L)
         return jumps, stay, sums
 
     def _transition_probs(
         self,
         out: torch.Tensor,
         current: torch.Tensor,
-        sigma_t: torch.Tensor,
-        sigma_s: torch.Tensor,
-        rows: StepRows,
-        final: torch.Tensor,
-        branches: StepBranches,
+        times: StepTimes,
+        kinds: list[tuple[int, ReverseStep]],
+        any_final: bool,
     ) -> torch.Tensor:
         """Unnormalised p(x_s = y | x_t) at every position, (b, L, V) fp32, for any graph.
 
-        Rows on the analytic step and the final denoise take the Tweedie update, the others the
-        Euler step; ``branches`` says which occur, so a step computes only the branches it needs.
+        Each row takes its kind's ``transition`` (Euler, or the analytic update); rows at the
+        final denoise take the analytic update. Only the kinds present are computed.
         """
-        score = self._score(out, sigma_t)
-        probs = torch.empty(0)
-        if branches.any_euler:
-            dt_rate = ((rows.t - rows.s) * self.noise.rate_noise(rows.t)).float()  # (b,)
-            onehot = one_hot(current, self.graph.dim)
-            probs = onehot + dt_rate[:, None, None] * self.graph.reverse_rate(current, score)
-        if branches.any_tweedie:
-            # Final denoise (and every analytic step) is the Tweedie update at dsigma.
-            dsigma = torch.where(final, sigma_t, sigma_t - sigma_s).float()[:, None]  # (b, 1)
-            tweedie = self.graph.staggered_score(score, dsigma) * self.graph.transp_transition(
-                current, dsigma
-            )
-            if branches.any_euler:
-                on_tweedie = (final | rows.analytic)[:, None, None]
-                probs = torch.where(on_tweedie, tweedie, probs)
-            else:
-                probs = tweedie
+        score = self._score(out, times.sigma_t)
+        probs = self._per_kind(
+            times.rows, kinds, lambda kind: kind.transition(times, score, current, self.graph)
+        )
+        if probs is None:  # every row is at its final denoise
+            return tweedie_transition(times, score, current, self.graph)
+        if any_final:
+            denoised = tweedie_transition(times, score, current, self.graph)
+            probs = torch.where(times.final[:, None, None], denoised, probs)
         return probs

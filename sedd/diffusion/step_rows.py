@@ -4,7 +4,7 @@ A step moves B rows at once; each row brings its own tokens, times, conditioning
 stream, so rows of different requests share a forward and each still takes its solo step.
 ``StepRows`` holds them as (B, ...) tensors on the step's device. ``StepBranches`` holds the few
 facts about the rows that decide which branches the step computes (is any row at its final
-denoise, tempered, on the analytic step?). The batching engine knows them from its jobs'
+denoise, tempered; which kinds of step do they take?). The batching engine knows them from its jobs'
 settings, so deciding never reads a tensor back from the device: a step makes no host sync and
 its shapes do not depend on the data (what a CUDA graph needs).
 """
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
+
+from sedd.defaults import PREDICTORS
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,9 @@ class StepRows:
     cell: torch.Tensor  # (B,) int64 cell index: cell i draws from stream (seed, i)
     step: torch.Tensor  # (B,) int64, the row's step number (0 first, steps for the denoise)
     temperature: torch.Tensor  # (B,) fp32
-    analytic: torch.Tensor  # (B,) bool: the analytic (Tweedie) step instead of Euler
+    kind: torch.Tensor  # (B,) int64: the row's reverse step, its index in ``PREDICTORS``
+    entropy_bound: torch.Tensor  # (B,) fp64: the entropy-bounded step's bound (nats)
+    steps_left: torch.Tensor  # (B,) int64: forwards the row may still take, this one included
     fixed: torch.Tensor | None = None  # (B, L) bool: given positions, never changed
     labels: torch.Tensor | None = None  # (B,) long indices or (B, E) float vectors
     cell_types: torch.Tensor | None = None  # (B,) long
@@ -44,7 +48,9 @@ class StepRows:
         first_cell: int = 0,
         step: int = 0,
         temperature: float | torch.Tensor = 1.0,
-        analytic: bool | torch.Tensor = False,
+        kind: int | torch.Tensor = 0,
+        entropy_bound: float | torch.Tensor = 0.0,
+        steps_left: int | torch.Tensor = 1,
         fixed: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         cell_types: torch.Tensor | None = None,
@@ -65,7 +71,9 @@ class StepRows:
             cell=torch.arange(first_cell, first_cell + rows, device=device),
             step=per_row(step, torch.int64),
             temperature=per_row(temperature, torch.float32),
-            analytic=per_row(analytic, torch.bool),
+            kind=per_row(kind, torch.int64),
+            entropy_bound=per_row(entropy_bound, torch.float64),
+            steps_left=per_row(steps_left, torch.int64),
             fixed=fixed,
             labels=labels,
             cell_types=cell_types,
@@ -97,28 +105,38 @@ class StepBranches:
     """Host-side facts about a step's rows that pick what it computes (and key its CUDA graph).
 
     Each flag only removes work: flags that say "maybe" for everything are always correct.
+    ``kinds`` names the reverse steps (``sedd.diffusion.steps``) that rows not at their final
+    denoise take; a final row takes the analytic update whatever its kind.
     """
 
     any_final: bool = True  # some row takes the final denoise (s == 0)
-    any_euler: bool = True  # some row takes the Euler step (not analytic, not final)
-    any_tweedie: bool = True  # some row takes the analytic update (analytic, or final)
+    kinds: frozenset[str] = frozenset(PREDICTORS)
     any_tempered: bool = True  # some row has temperature != 1
+
+    @property
+    def any_euler(self) -> bool:
+        """Some row takes the Euler step (not at its final denoise)."""
+        return "euler" in self.kinds
+
+    @property
+    def any_tweedie(self) -> bool:
+        """Some row takes the analytic update (the analytic step, or the final denoise)."""
+        return self.any_final or "analytic" in self.kinds
 
     @classmethod
     def of_values(
-        cls, s: Sequence[float], analytic: Sequence[bool], temperature: Sequence[float]
+        cls, s: Sequence[float], kinds: Sequence[str], temperature: Sequence[float]
     ) -> StepBranches:
         """From per-row host values (or, with runs, per-run values: only which occur matters)."""
         final = [value <= 0 for value in s]
-        tweedie = [f or bool(a) for f, a in zip(final, analytic, strict=True)]
         return cls(
             any_final=any(final),
-            any_euler=not all(tweedie),
-            any_tweedie=any(tweedie),
+            kinds=frozenset(k for k, f in zip(kinds, final, strict=True) if not f),
             any_tempered=any(value != 1 for value in temperature),
         )
 
     @classmethod
     def of_rows(cls, rows: StepRows) -> StepBranches:
         """Read from the rows' tensors: a host sync, for callers outside the engine."""
-        return cls.of_values(rows.s.tolist(), rows.analytic.tolist(), rows.temperature.tolist())
+        kinds = [PREDICTORS[k] for k in rows.kind.tolist()]
+        return cls.of_values(rows.s.tolist(), kinds, rows.temperature.tolist())

@@ -199,12 +199,18 @@ class Engine:
         return ended
 
     def _retire(self, blocks: list[RowBlock]) -> None:
-        """Drop finished blocks, report progress, complete jobs whose rows are all done."""
-        finished = [blk for blk in blocks if not blk.state.done and blk.finished]
+        """Drop finished rows (a block past its last step, or, under the absorbing graph, rows
+        with every gene drawn: they leave at once and their room goes to waiting work), report
+        progress, complete jobs whose rows are all done."""
         with self._lock:
-            for blk in finished:
-                self._active.remove(blk)
-                blk.state.rows_done += blk.rows
+            for blk in blocks:
+                if blk.state.done or blk not in self._active:
+                    continue
+                kept = [] if blk.finished else blk.working()
+                if kept != [blk]:
+                    at = self._active.index(blk)
+                    self._active[at : at + 1] = kept
+                    blk.state.rows_done += blk.rows - sum(part.rows for part in kept)
             active = list(self._active)
         stepped = {id(blk.state): blk.state for blk in blocks if not blk.state.done}
         for st in stepped.values():
@@ -236,7 +242,9 @@ class Engine:
             return
         now = time.monotonic()
         started = st.started if st.started is not None else now
-        result = JobResult(tokens, started - st.submitted, now - started, st.forwards, st.fallbacks)
+        drawn = st.to_draw - int(st.active.sum()) if st.absorbing else 0
+        result = JobResult(tokens, started - st.submitted, now - started, st.forwards,
+                           st.fallbacks, st.row_forwards, drawn)  # fmt: skip
         self._finish(st, result, None)
 
     def _finish(self, st: JobState, result: JobResult | None, err: Exception | None) -> None:

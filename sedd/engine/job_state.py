@@ -30,6 +30,7 @@ from sedd.diffusion.sampling import (
     start_tokens,
     time_grid,
 )
+from sedd.diffusion.steps import ReverseStep, kind_index, step_kind
 from sedd.engine.jobs import EngineJob, JobHandle
 
 _EMPTY = torch.empty(0)
@@ -54,6 +55,9 @@ class JobState:
     rows_done: int = 0
     forwards: int = 0
     fallbacks: int = 0
+    row_forwards: int = 0  # forwards summed over the job's rows
+    to_draw: int = 0  # positions to draw at admission (absorbing graph), all rows
+    absorbing: bool = False  # under the absorbing graph a row with nothing masked is done
     done: bool = False  # its future is resolved
 
     def materialise(self, graph: Graph, num_genes: int | None, device: torch.device) -> None:
@@ -80,7 +84,14 @@ class JobState:
         self.labels, self.cell_types, self.fixed = (
             None if v is None else v.to(device) for v in (job.labels, job.cell_types, job.fixed)
         )
+        self.absorbing = graph.absorb
+        self.to_draw = int(self.active.sum()) if graph.absorb else 0
         self.grid = time_grid(job.sampling.steps, job.eps, job.sampling.time_grid).tolist()
+
+    @property
+    def kind(self) -> ReverseStep:
+        """The job's kind of reverse step."""
+        return step_kind(self.job.sampling.sampler)
 
     def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> StepProgress:
         """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
@@ -109,7 +120,21 @@ class RowBlock:
 
     @property
     def finished(self) -> bool:
-        return self.step >= self.state.job.total_steps
+        """Past its last step, or (absorbing graph) with every gene of its rows drawn: no
+        later step changes such a row, so it leaves and its room goes to waiting work."""
+        if self.step >= self.state.job.total_steps:
+            return True
+        return self.state.absorbing and not self.has_work
+
+    def working(self) -> list[RowBlock]:
+        """This block as runs of the rows that still have work (absorbing graph: the rows
+        whose genes are all drawn are done and leave); itself when every row has work."""
+        busy = self.state.active[self.lo : self.hi] > 0
+        if not self.state.absorbing or busy.all():
+            return [self]
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], busy.astype(np.int8), [0]))))
+        return [RowBlock(self.state, self.lo + int(a), self.lo + int(b), self.step)
+                for a, b in zip(edges[::2], edges[1::2], strict=True)]  # fmt: skip
 
     @property
     def has_work(self) -> bool:
@@ -117,7 +142,10 @@ class RowBlock:
         return bool(self.state.active[self.lo : self.hi].any())
 
     def times(self) -> tuple[float, float]:
-        """(t, s) of this block's next step; s = 0 is the final denoise."""
+        """(t, s) of this block's next step; s = 0 is the final denoise. An adaptive kind reads
+        each row's time off its tokens: (1, 1), unused."""
+        if self.state.kind.adaptive:
+            return 1.0, 1.0
         grid, steps = self.state.grid, self.state.job.sampling.steps
         s = 0.0 if self.step >= steps else grid[self.step + 1]
         return grid[self.step], s
@@ -168,18 +196,19 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepBranches]
     device = sampler.device
     spans = [(blk, blk.lo + a, blk.lo + b) for blk, a, b in slices]  # rows of each job
     total = sum(hi - lo for _, lo, hi in spans)
-    reals = np.empty((4, total), dtype=np.float64)  # t, s, temperature, analytic
-    ints = np.empty((3, total), dtype=np.int64)  # seed, cell, step
+    reals = np.empty((4, total), dtype=np.float64)  # t, s, temperature, entropy bound
+    ints = np.empty((5, total), dtype=np.int64)  # seed, cell, step, kind, steps left
     offset, settings = 0, []
     for blk, lo, hi in spans:
         job, (t, s), end = blk.state.job, blk.times(), offset + hi - lo
         options = job.sampling
-        analytic = options.sampler == "analytic"
-        reals[:, offset:end] = np.array([t, s, options.temperature, analytic])[:, None]
+        reals[:, offset:end] = np.array([t, s, options.temperature, options.entropy_bound])[:, None]
         ints[0, offset:end] = options.seed
         ints[1, offset:end] = np.arange(job.first_cell + lo, job.first_cell + hi)
         ints[2, offset:end] = blk.step
-        settings.append((s, analytic, options.temperature))
+        ints[3, offset:end] = kind_index(options.sampler)
+        ints[4, offset:end] = job.total_steps - blk.step
+        settings.append((s, options.sampler, options.temperature))
         offset = end
     real, integer = upload(reals, device), upload(ints, device)
 
@@ -204,13 +233,15 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepBranches]
         cell=integer[1],
         step=integer[2],
         temperature=real[2].float(),
-        analytic=real[3] > 0,
+        kind=integer[3],
+        entropy_bound=real[3],
+        steps_left=integer[4],
         fixed=fixed,
         labels=rows_of(lambda st: st.labels),
         cell_types=rows_of(lambda st: st.cell_types),
     )
-    s_values, analytic_values, temperatures = zip(*settings, strict=True)
-    return rows, StepBranches.of_values(s_values, analytic_values, temperatures)
+    s_values, kinds, temperatures = zip(*settings, strict=True)
+    return rows, StepBranches.of_values(s_values, kinds, temperatures)
 
 
 def propose_slices(sampler: Sampler, slices: list[Slice]) -> Packed:
@@ -235,6 +266,7 @@ def settle_packed(
     blocks_of: dict[int, set[int]] = {}  # job -> the row blocks its rows were in
     for blk, a, b in packed.slices:
         lo, hi, st = blk.lo + a, blk.lo + b, blk.state
+        st.row_forwards += hi - lo
         st.x[lo:hi] = out.tokens[offset : offset + hi - lo]
         st.active[lo:hi] = active[offset : offset + hi - lo]
         st.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)

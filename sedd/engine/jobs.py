@@ -15,9 +15,10 @@ from typing import Literal, Protocol
 
 import torch
 
-from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
+from sedd.defaults import DEFAULT_BATCH_SIZE, OptionError, SamplingOptions
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.inputs import ModelLimits, check_inputs
+from sedd.diffusion.steps import step_kind
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -44,8 +45,10 @@ class EngineJob:
 
     @property
     def total_steps(self) -> int:
-        """Steps every row takes, the final denoise included."""
-        return self.sampling.steps + (1 if self.denoise else 0)
+        """The most steps (forwards) a row takes, the final denoise included: its step kind's
+        bound (``ReverseStep.forwards``), which admission prices the job by. Under the
+        absorbing graph a row whose genes are all drawn leaves earlier."""
+        return step_kind(self.sampling.sampler).forwards(self.sampling.steps, self.denoise)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,18 @@ class JobResult:
     compute_seconds: float  # first rows admitted -> done
     forwards: int  # model forwards (calls) the job's rows took part in
     fp32_fallbacks: int  # the job's rows recomputed in fp32 (docs/precision.md rule 5)
+    row_forwards: int = 0  # forwards summed over the job's cells (a cell's rows in each)
+    genes_committed: int = 0  # positions drawn from the mask (absorbing graph), all cells
+
+    @property
+    def forwards_per_cell(self) -> float:
+        """Model forwards a cell took, on average (what a cell cost)."""
+        return self.row_forwards / max(self.tokens.shape[0], 1)
+
+    @property
+    def genes_per_forward(self) -> float:
+        """Genes committed per cell forward, on average (0 for the uniform graph)."""
+        return self.genes_committed / max(self.row_forwards, 1)
 
 
 class EngineFull(Exception):
@@ -152,7 +167,19 @@ def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
     (``sedd.diffusion.inputs.check_inputs``, the check st3's sampler classes make too)."""
     if not isinstance(job.sampling, SamplingOptions):
         raise TypeError(f"`sampling` must be a SamplingOptions, got {type(job.sampling).__name__}.")
+    check_step_kind(job.sampling, graph)
     check_inputs(
         limits, graph, num_cells=job.num_cells, first_cell=job.first_cell, eps=job.eps,
         labels=job.labels, cell_types=job.cell_types, x_init=job.x_init, fixed=job.fixed,
     )  # fmt: skip
+
+
+def check_step_kind(options: SamplingOptions, graph: Graph) -> None:
+    """Raise ``OptionError`` (naming ``sampler``) when the model's graph cannot take the kind of
+    step ``options`` asks for: an adaptive step unmasks, so it needs the absorbing graph."""
+    if step_kind(options.sampler).absorbing_only and not graph.absorb:
+        raise OptionError(
+            "sampler",
+            f"`sampler` {options.sampler!r} needs a model on the absorbing (masked) graph; this "
+            "model's graph is uniform: use euler or analytic.",
+        )

@@ -129,6 +129,18 @@ class MonitorSnapshot:
     gpu_memory_used_mib: float | None = None
     gpu_memory_total_mib: float | None = None
     rate_window_s: float | None = None  # rates over the last this many seconds; None: since start
+    cell_forwards: int = 0  # forwards summed over the finished cells (a cell's share of each)
+    genes_committed: int = 0  # genes drawn from the mask over the finished cells
+
+    @property
+    def forwards_per_cell(self) -> float:
+        """Model forwards a finished cell took, on average (0 before any cell)."""
+        return self.cell_forwards / self.cells if self.cells else 0.0
+
+    @property
+    def genes_per_forward(self) -> float:
+        """Genes a cell committed per forward, on average (0 for the uniform graph)."""
+        return self.genes_committed / self.cell_forwards if self.cell_forwards else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,7 +153,8 @@ class MonitorSnapshot:
         )
         return (
             f"{self.cells} cells in {self.seconds:.1f} s: {self.cells_per_s:.2f} cells/s, "
-            f"{self.tokens_per_s:.0f} tokens/s, {self.forwards_per_s:.1f} forwards/s, memory "
+            f"{self.tokens_per_s:.0f} tokens/s, {self.forwards_per_s:.1f} forwards/s, "
+            f"{self.forwards_per_cell:.2f} forwards a cell, memory "
             f"{self.memory_current_mib:.0f} MiB now / {self.memory_peak_mib:.0f} MiB peak "
             f"[{self.memory_kind}]{gpu}"
         )
@@ -181,6 +194,7 @@ class Monitor:
         self._nvml = NvmlProbe.open(self.device) if use_nvml else None
         self._start: float | None = None
         self.cells = self.forwards = self.rows = 0
+        self.cell_forwards = self.genes_committed = 0
 
     @property
     def nvml_available(self) -> bool:
@@ -190,6 +204,7 @@ class Monitor:
         """Zero the counters and the CUDA peak, and start the clock."""
         with self._lock:
             self.cells = self.forwards = self.rows = 0
+            self.cell_forwards = self.genes_committed = 0
             self._recent.clear()
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -207,9 +222,11 @@ class Monitor:
         self.add_forward(rows, calls)
 
     def on_job_done(self, job: _JobLike, result: object, outcome: str) -> None:
-        """Engine observer: a job ended; its cells count when it succeeded."""
+        """Engine observer: a job ended; its cells, and what they cost (``JobResult``'s
+        ``row_forwards`` and ``genes_committed``), count when it succeeded."""
         if outcome == "ok":
-            self.add_cells(job.num_cells)
+            self.add_cells(job.num_cells, getattr(result, "row_forwards", 0),
+                           getattr(result, "genes_committed", 0))  # fmt: skip
 
     def add_forward(self, rows: int = 0, calls: int = 1) -> None:
         """``calls`` model forwards over ``rows`` batch rows in all."""
@@ -218,12 +235,15 @@ class Monitor:
             self.rows += rows
             self._remember(cells=0, forwards=calls)
 
-    def add_cells(self, n: int) -> None:
-        """``n`` cells finished."""
+    def add_cells(self, n: int, cell_forwards: int = 0, genes_committed: int = 0) -> None:
+        """``n`` cells finished, having taken ``cell_forwards`` forwards between them and
+        drawn ``genes_committed`` genes."""
         if n < 0:
             raise ValueError(f"`n` must be >= 0, got {n}.")
         with self._lock:
             self.cells += n
+            self.cell_forwards += cell_forwards
+            self.genes_committed += genes_committed
             self._remember(cells=n, forwards=0)
 
     def _remember(self, *, cells: int, forwards: int) -> None:
@@ -255,6 +275,7 @@ class Monitor:
             now = self._clock()
             seconds = now - self._start
             cells, forwards, rows = self.cells, self.forwards, self.rows
+            cell_forwards, genes_committed = self.cell_forwards, self.genes_committed
             if self.window_s is None:
                 period, rate_cells, rate_forwards = seconds, cells, forwards
             else:
@@ -284,6 +305,8 @@ class Monitor:
             process_rss_mib=process_rss_bytes() / _MIB,
             process_peak_rss_mib=process_peak_rss_bytes() / _MIB,
             rate_window_s=self.window_s,
+            cell_forwards=cell_forwards,
+            genes_committed=genes_committed,
             **gpu,
         )
 

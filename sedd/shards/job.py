@@ -139,6 +139,11 @@ class ShardJob:
         if runs:
             last = {key: value for key, value in runs[-1].items() if key in _LAST_RUN_KEYS}
         new_cells, seconds = len(self.cells) - resumed, totals["seconds"]
+        # what a cell cost, over the cells generated here (a run's figures are per its cells)
+        cell_forwards = sum(float(run.get("forwards_per_cell", 0.0)) * int(run.get("cells", 0))
+                            for run in runs)  # fmt: skip
+        genes = sum(float(run.get("genes_per_forward", 0.0)) * float(run.get("forwards_per_cell",
+                    0.0)) * int(run.get("cells", 0)) for run in runs)  # fmt: skip
 
         def rate(count: int) -> float:
             # an empty shard (more shards than cells) has no rate: report 0, not NaN
@@ -152,6 +157,8 @@ class ShardJob:
             "cells_per_s": rate(new_cells),
             "tokens_per_s": rate(new_cells * self.loaded.config.num_genes),
             "forwards_per_s": rate(totals["forwards"]),
+            "forwards_per_cell": cell_forwards / new_cells if new_cells > 0 else 0.0,
+            "genes_per_forward": genes / cell_forwards if cell_forwards > 0 else 0.0,
             "peak_memory_mib": max((float(run["peak_memory_mib"]) for run in runs), default=0.0),
             **last,
         }

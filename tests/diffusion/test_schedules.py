@@ -17,7 +17,14 @@ from server_models import save_tiny_model
 
 import sedd
 from sedd.cli import main as sedd_main
-from sedd.defaults import DEFAULT_GRID, DEFAULT_STEPS, resolve_schedule
+from sedd.defaults import (
+    DEFAULT_ENTROPY_BOUND,
+    DEFAULT_GRID,
+    DEFAULT_STEPS,
+    SamplingOptions,
+    Schedule,
+    resolve_schedule,
+)
 from sedd.diffusion.sampling import time_grid
 from sedd.models.st3 import _ST3Base
 
@@ -45,11 +52,34 @@ def test_uniform_and_cosine_grids_run_from_one_to_eps() -> None:
         time_grid(4, eps, "linear")
 
 
+def schedule_of(*args: object, **kwargs: object) -> tuple[object, ...]:
+    found = resolve_schedule(*args, **kwargs)  # type: ignore[arg-type]
+    return found["steps"], found["time_grid"], found["sampler"], found["entropy_bound"]
+
+
 def test_steps_alone_keep_the_uniform_grid_and_nothing_gives_the_default() -> None:
-    assert resolve_schedule(None, None) == (DEFAULT_STEPS, DEFAULT_GRID)
-    assert resolve_schedule(50, None) == (50, "uniform")
-    assert resolve_schedule(None, "cosine") == (DEFAULT_STEPS, "cosine")
-    assert resolve_schedule(7, "cosine") == (7, "cosine")
+    bound = DEFAULT_ENTROPY_BOUND
+    assert schedule_of(None, None) == (DEFAULT_STEPS, DEFAULT_GRID, "euler", bound)
+    assert schedule_of(50, None) == (50, "uniform", "euler", bound)
+    assert schedule_of(None, "cosine") == (DEFAULT_STEPS, "cosine", "euler", bound)
+    assert schedule_of(7, "cosine") == (7, "cosine", "euler", bound)
+
+
+def test_a_model_schedule_is_what_a_request_naming_none_runs() -> None:
+    calibrated = Schedule("entropy", 12, "uniform", 40.0)
+    assert schedule_of(None, None, default=calibrated) == (12, "uniform", "entropy", 40.0)
+    # a bound alone keeps the model's schedule with that bound
+    assert schedule_of(None, None, None, 3.0, calibrated) == (12, "uniform", "entropy", 3.0)
+    # steps alone are st3's schedule, whatever the model's: uniform Euler steps
+    st3 = (50, "uniform", "euler", DEFAULT_ENTROPY_BOUND)
+    assert schedule_of(50, None, default=calibrated) == st3
+    # the model's own sampler named: its steps and bound; another sampler: the library's
+    assert schedule_of(None, None, "entropy", None, calibrated) == (12, "uniform", "entropy", 40.0)
+    assert schedule_of(None, None, "analytic", None, calibrated) == (
+        DEFAULT_STEPS, "uniform", "analytic", DEFAULT_ENTROPY_BOUND)  # fmt: skip
+    options = SamplingOptions.resolve(seed=3, default=calibrated)
+    assert (options.sampler, options.steps, options.entropy_bound, options.seed) == (
+        "entropy", 12, 40.0, 3)  # fmt: skip
 
 
 def test_a_request_records_its_grid_only_when_it_is_not_uniform() -> None:
@@ -131,7 +161,11 @@ def test_the_cli_summary_counts_the_model_calls(
     metrics = json.loads(out.with_suffix(".metrics.json").read_text())
     assert metrics["forwards"] == len(calls)
     assert set(calls) == {2}  # every call is one block of 2 rows (the 24-token budget)
-    # 6 cells in 3 blocks: at most 10 steps + the denoise each, and a 12-gene cell is often
-    # fully unmasked before its denoise
-    assert 3 * 10 <= len(calls) <= 3 * 11
+    # 6 cells in 3 blocks: at most 10 steps + the denoise each; a 12-gene cell is often fully
+    # unmasked before its denoise, and then leaves (its block's other row goes on alone)
+    assert 3 * 5 <= len(calls) <= 3 * 11
+    # a cell's forwards: each call holds one or two real rows (a lone row is padded)
+    cell_forwards = metrics["forwards_per_cell"] * 6
+    assert len(calls) <= round(cell_forwards) <= 2 * len(calls)
+    assert metrics["genes_per_forward"] == pytest.approx(6 * 12 / cell_forwards)
     assert f"{len(calls)} forwards" in capsys.readouterr().out

@@ -22,6 +22,7 @@ from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.randomness import cell_uniforms
 from sedd.diffusion.sampling import WHOLE_ROW_SOFTMAX_FROM, Sampler, StepBranches, StepRows
+from sedd.diffusion.steps import StepTimes
 from sedd.models.ddit import DDiT
 from sedd.models.st3 import SEDDTransformer
 
@@ -47,7 +48,7 @@ def reference_probs(sampler: Sampler, rows: StepRows) -> torch.Tensor:
     """p(x_s = y | mask) the old way: one (b, L, V) buffer, the stay in the mask's column."""
     out, sigma_t, sigma_s, final = step_inputs(sampler, rows)
     noise, mask = sampler.noise, sampler.graph.dim - 1
-    tweedie = final | rows.analytic
+    tweedie = final | (rows.kind == 1)
     dsigma = torch.where(final, sigma_t, sigma_t - sigma_s)
     c = torch.where(tweedie, torch.expm1(dsigma), (rows.t - rows.s) * noise.rate_noise(rows.t))
     probs = torch.empty_like(out)  # (b, L, V)
@@ -117,7 +118,7 @@ def rows_at(t: float, s: float, vocab: int, analytic: bool) -> StepRows:
         x = torch.where(torch.rand(ROWS, GENES, generator=gen) < 0.5, drawn, x)
     temperature = torch.tensor([0.5, 1.0, 1.7, 1.0, 0.8])
     return StepRows.of_request(x.to(DEVICE), t, s, seed=11, step=3,
-                               temperature=temperature.to(DEVICE), analytic=analytic)  # fmt: skip
+                               temperature=temperature.to(DEVICE), kind=int(analytic))  # fmt: skip
 
 
 @cpu_kernels
@@ -135,9 +136,10 @@ def test_unmask_step_draws_the_cells_of_the_old_maths_bit_for_bit(vocab: int, pr
                     rows = rows_at(t, s, vocab, analytic)
                     where = f"{name} V={vocab} analytic={analytic} t={t} {denoise}"
                     old = reference_probs(sampler, rows)
-                    jumps, stay, sums = sampler._unmask_probs(
-                        *step_inputs(sampler, rows)[:3], rows, rows.s <= 0
-                    )
+                    out, sigma_t, sigma_s, final = step_inputs(sampler, rows)
+                    times = StepTimes(rows, sigma_t, sigma_s, final, sampler.noise)
+                    kinds = sampler._kinds(StepBranches.of_rows(rows))
+                    jumps, stay, sums = sampler._unmask_probs(out, times, kinds)
                     assert torch.equal(jumps[..., :-1], old[..., :-1]), where
                     assert not jumps[..., -1].any(), where
                     # the stay is 1 - (sum of the chunk sums): the old row sum's value, up to

@@ -112,7 +112,7 @@ def test_a_proposed_step_never_syncs_with_the_host():
         x, 0.8, 0.6, seed=4, labels=torch.ones(6, dtype=torch.long, device=DEVICE),
         cell_types=torch.zeros(6, dtype=torch.long, device=DEVICE), temperature=0.7,
     )  # fmt: skip
-    plan = StepBranches(any_final=False, any_euler=True, any_tweedie=False, any_tempered=True)
+    plan = StepBranches(any_final=False, kinds=frozenset({"euler"}), any_tempered=True)
     for graphs in (False, True):
         step = sampler(graphs)
         step.propose(rows, plan)  # warm-up (and capture) outside the checked region

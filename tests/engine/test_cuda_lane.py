@@ -68,7 +68,7 @@ def test_an_fp32_recomputation_keeps_what_a_captured_bf16_graph_reads():
     rows = StepRows.of_request(x, 0.8, 0.6, seed=4, labels=torch.ones(4, dtype=torch.long,
                                device="cuda"), cell_types=torch.zeros(4, dtype=torch.long,
                                device="cuda"))  # fmt: skip
-    plan = StepBranches(any_final=False, any_euler=True, any_tweedie=False, any_tempered=False)
+    plan = StepBranches(any_final=False, kinds=frozenset({"euler"}), any_tempered=False)
     first = sampler.propose(rows, plan).tokens.cpu()  # the bf16 graph
     sampler.propose(rows, plan, amp=False)  # rule 5's fp32 recomputation: a graph of its own
     gc.collect()

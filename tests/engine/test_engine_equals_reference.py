@@ -20,15 +20,19 @@ from devices import DEVICE
 from engine_models import FP32, LOADED
 
 import sedd
-from sedd.defaults import SamplingOptions
+from sedd.defaults import PREDICTORS, SamplingOptions
 from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.reference import reference_sample
 from sedd.diffusion.sampling import Sampler
+from sedd.diffusion.steps import step_kind
 from sedd.engine import Engine, EngineJob, ModelLimits, run_jobs
 from sedd.models.st3 import SEDDPerturbationTransformer, SEDDTransformer
 
-SAMPLERS, GRIDS = ("euler", "analytic"), ("uniform", "cosine")
+# every kind of reverse step the library has (``sedd.diffusion.steps``): a new one is checked
+# here without being named
+SAMPLERS, GRIDS = PREDICTORS, ("uniform", "cosine")
+BOUNDS = (0.0, 0.7, 3.0)  # entropy bounds (nats): one gene a forward, a few, many
 
 
 def reference_of(sampler: Sampler, job: EngineJob, num_genes: int | None) -> torch.Tensor:
@@ -46,11 +50,21 @@ def run_together(engine: Engine, jobs: list[EngineJob]) -> list[torch.Tensor]:
     return [out[k] for k in range(len(jobs))]
 
 
-def sampling_jobs(num_cells: int, **conditioning: object) -> list[EngineJob]:
-    """One job per sampler x grid x temperature, each on its own seed and cells."""
+def samplers(absorbing: bool = True) -> tuple[str, ...]:
+    """The step kinds a model on this graph takes."""
+    return tuple(s for s in SAMPLERS if absorbing or not step_kind(s).absorbing_only)
+
+
+def sampling_jobs(
+    num_cells: int, absorbing: bool = True, **conditioning: object
+) -> list[EngineJob]:
+    """One job per sampler x grid x temperature, each on its own seed and cells (and the
+    entropy-bounded step at each of ``BOUNDS``)."""
     jobs = []
-    for k, (sampler, grid, temp) in enumerate(itertools.product(SAMPLERS, GRIDS, (1.0, 0.7))):
-        options = SamplingOptions(3 + k % 3, grid, sampler, temp, seed=k)  # type: ignore[arg-type]
+    settings = itertools.product(samplers(absorbing), GRIDS, (1.0, 0.7))
+    for k, (sampler, grid, temp) in enumerate(settings):
+        options = SamplingOptions(3 + k % 3, grid, sampler, temp, seed=k,  # type: ignore[arg-type]
+                                  entropy_bound=BOUNDS[k % 3])  # fmt: skip
         jobs.append(EngineJob(num_cells, options, first_cell=5 * k, **conditioning))  # type: ignore[arg-type]
     return jobs
 
@@ -113,7 +127,9 @@ def test_reference_sedd_score_models(graph: str):
         warnings.simplefilter("ignore")  # the reference models have positional genes
         loaded = sedd.load(path, device=DEVICE, precision="fp32").loaded
     sampler = Sampler(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=2)
-    jobs = sampling_jobs(3)[:4]
+    jobs = sampling_jobs(3, absorbing=graph == "absorb")[:4]
+    if graph == "absorb":  # and every kind of step
+        jobs += [job for job in sampling_jobs(3) if job.sampling.sampler == "entropy"][:2]
     assert_engine_equals_reference(sampler, ModelLimits.of_model(loaded), jobs, rows_per_tick=5)
 
 
@@ -140,7 +156,7 @@ def test_the_bundled_model_through_its_engine():
     engine = Engine.for_model(loaded, FP32, max_rows_per_forward=4)
     jobs = [
         EngineJob(3, SamplingOptions(4, grid, sampler, seed=k), labels=torch.full((3,), k + 1))  # type: ignore[arg-type]
-        for k, (sampler, grid) in enumerate(itertools.product(SAMPLERS, GRIDS))
+        for k, (sampler, grid) in enumerate(itertools.product(samplers(), GRIDS))
     ]
     for job, cells in zip(jobs, run_together(engine, jobs), strict=True):
         assert torch.equal(cells, reference_of(engine.sampler, job, loaded.config.num_genes))

@@ -1,0 +1,33 @@
+"""The reverse steps, one module each behind one interface (``base.ReverseStep``).
+
+``STEPS`` is every kind, in the order of their indices: a row's ``StepRows.kind`` is its kind's
+position here. The names are ``sedd.defaults.PREDICTORS`` (the ``sampler`` option), in the same
+order; ``tests/diffusion/test_steps.py`` checks that, and the engine-equals-reference tests run
+every kind listed here, so a new step is a module, an entry here and a name there.
+"""
+
+from __future__ import annotations
+
+from sedd.diffusion.steps.analytic import AnalyticStep
+from sedd.diffusion.steps.base import ReverseStep, StepTimes
+from sedd.diffusion.steps.entropy_bounded import EntropyBoundedStep
+from sedd.diffusion.steps.euler import EulerStep
+
+STEPS: tuple[ReverseStep, ...] = (EulerStep(), AnalyticStep(), EntropyBoundedStep())
+STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
+
+__all__ = ["STEPS", "STEP_NAMES", "ReverseStep", "StepTimes", "kind_index", "step_kind"]
+
+
+def kind_index(name: str) -> int:
+    """The index of the step kind ``name`` (a row's ``StepRows.kind``)."""
+    try:
+        return STEP_NAMES.index(name)
+    except ValueError:
+        known = ", ".join(STEP_NAMES)
+        raise ValueError(f"`sampler` must be one of {known}, got {name!r}.") from None
+
+
+def step_kind(name: str) -> ReverseStep:
+    """The step kind called ``name``."""
+    return STEPS[kind_index(name)]
