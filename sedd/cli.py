@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "checkpoints",
     "evaluate",
     "quality",
+    "calibrate",
     "train",
     "serve",
     "precision_report",

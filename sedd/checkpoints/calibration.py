@@ -40,6 +40,10 @@ class Calibration(BaseModel):
     weights_sha256: str  # the weights it was measured on
     reference: dict[str, Any]  # the schedule every candidate was held against (50 uniform)
     candidates: list[dict[str, Any]]  # each schedule tried, its forwards a cell and figures
+    chosen: dict[str, Any] = Field(default_factory=dict)  # the choice, and whether it passed
+    test: str = ""  # the rule a candidate passed
+    cells_per_seed: int | None = None
+    data: str = ""  # the held-out cells it was measured on
     command: str = ""  # how it was made
 
     def to_schedule(self) -> Schedule:

@@ -15,11 +15,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sedd.commands.args import add_model_arguments, add_progress_argument
-from sedd.defaults import BUNDLED_DATA
+from sedd.commands.args import add_model_arguments, add_option_argument, add_progress_argument
+from sedd.defaults import BUNDLED_DATA, OPTION_NAMES, SCHEDULE_FIELDS, SamplingOptions
 
 if TYPE_CHECKING:
     import anndata
@@ -67,12 +68,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="generated sets, seeds 0..N-1, each in the label mix of the held-out cells used",
     )
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="reverse steps (default: the library's tuned schedule)",
-    )
+    for option in fields(SamplingOptions):  # the sets' seeds are 0..N-1 (--seeds)
+        if option.name != "seed":
+            add_option_argument(p, option)
     p.add_argument(
         "--max-cells",
         type=int,
@@ -126,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_MISSING_EXTRA
+    import numpy as np
     from rich.console import Console
 
     from sedd.api import Model
@@ -163,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         model.generate(
             like=test_cells,
             condition_key=args.condition_key,
-            steps=args.steps,
+            **{name: getattr(args, name) for name in OPTION_NAMES if name != "seed"},
             seed=seed,
             batch_size=args.batch_size,
             progress=show_progress(args.progress),
@@ -190,6 +189,13 @@ def run(args: argparse.Namespace) -> int:
         "condition_key": args.condition_key,
         "seeds": list(range(args.seeds)),
         "steps": sets[0].uns["sedd"]["steps"],
+        "sampling": {key: sets[0].uns["sedd"][key] for key in SCHEDULE_FIELDS
+                     if key in sets[0].uns["sedd"]},
+        # what a cell cost, over every set
+        "forwards_per_cell": float(np.mean([s.uns["sedd"]["timings"]["forwards_per_cell"]
+                                            for s in sets])),
+        "genes_per_forward": float(np.mean([s.uns["sedd"]["timings"]["genes_per_forward"]
+                                            for s in sets])),
         "precision": model.policy.name,
         "cells": {
             "train": train_cells.n_obs,

@@ -42,6 +42,7 @@ class Purpose(IntEnum):
 
     STEP = 0  # the categorical draw of a reverse step (and of the final denoise)
     START = 1  # the uniform graph's tokens at t = 1
+    ORDER = 2  # the entropy-bounded step's order among genes of equal entropy
 
 
 _Words = TypeVar("_Words", torch.Tensor, np.ndarray)

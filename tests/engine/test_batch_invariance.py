@@ -108,12 +108,29 @@ def test_cells_are_identical_for_batch_sizes_3_7_32_and_64(small: sedd.Model) ->
         assert forwards == {3: 9, 7: 9, 32: 9, 64: 9}
 
 
+def test_adaptive_cells_are_identical_for_batch_sizes_3_7_and_64(small: sedd.Model) -> None:
+    """The entropy-bounded sampler decides per cell how many genes to commit, so its cells
+    finish at different forwards and leave their batches one by one: still the same cells."""
+    options = {"sampler": "entropy", "steps": 6, "entropy_bound": 40.0, "seed": 1007}
+    runs = {
+        size: small.generate(40, condition="GENE_B", batch_size=size, **options)
+        for size in (3, 7, 64)
+    }
+    for size, cells in runs.items():
+        np.testing.assert_array_equal(dense(cells.X), dense(runs[64].X), f"batch size {size}")
+    timings = runs[64].uns["sedd"]["timings"]
+    # a cap of 6 forwards a cell, and the bound lets some cells finish sooner
+    assert 1 <= timings["forwards_per_cell"] < 6
+    assert timings["genes_per_forward"] == pytest.approx(64 / timings["forwards_per_cell"])
+
+
 def test_jobs_packed_together_match_each_job_run_alone(small: sedd.Model) -> None:
     loaded, policy = small.loaded, small.policy
-    requests = [  # 9 rows: one 16-row block on CPU holds rows of all three jobs
+    requests = [  # 12 rows: one 16-row block on CPU holds rows of all four jobs
         request_of(3, ("GENE_A",), steps=3, seed=1),
         request_of(4, ("GENE_C",), steps=2, seed=2, temperature=0.7, sampler="analytic"),
         request_of(2, ("non-targeting",), steps=4, seed=3),
+        request_of(3, ("GENE_B",), steps=4, seed=4, sampler="entropy", entropy_bound=2.0),
     ]
     jobs = [plan(loaded, r).job() for r in requests]
     jobs[2] = dataclasses.replace(jobs[2], first_cell=5)  # cells 5, 6 of a larger request

@@ -24,6 +24,7 @@ from engine_models import BINS, FP32, GENES, LOADED, PERTS, job, solo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sedd.defaults import PREDICTORS
 from sedd.engine import Engine, EngineFull, EngineJob, JobCancelled, JobTimeout
 from sedd.engine import core as engine_core
 
@@ -63,7 +64,7 @@ arrivals = st.builds(
     Arrival,
     cells=st.integers(1, 6),
     steps=st.integers(1, 6),
-    sampler=st.sampled_from(["euler", "analytic"]),
+    sampler=st.sampled_from(PREDICTORS),  # every kind of reverse step
     temperature=st.sampled_from([1.0, 1.0, 0.7]),
     label=st.integers(0, PERTS - 1),
     seed=st.integers(0, 3),

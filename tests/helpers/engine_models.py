@@ -13,7 +13,8 @@ from sedd.checkpoints.schema import ModelConfig
 from sedd.defaults import OPTION_NAMES, SamplingOptions
 from sedd.diffusion.graph import graph_from_config
 from sedd.diffusion.noise import noise_from_config
-from sedd.diffusion.st3_samplers import AnalyticSampler, EulerSampler
+from sedd.diffusion.reference import reference_sample
+from sedd.diffusion.sampling import Sampler
 from sedd.engine import Engine, EngineJob
 from sedd.engine.forwards import block_rows_for
 from sedd.models.st3 import SEDDPerturbationTransformer
@@ -62,16 +63,13 @@ LOADED = tiny_loaded()
 
 
 def solo(job: EngineJob, loaded: LoadedModel = LOADED) -> torch.Tensor:
-    """The job run alone (its own engine, its rows in the engine's fixed blocks) via ``sample``."""
-    options = job.sampling
-    cls = AnalyticSampler if options.sampler == "analytic" else EulerSampler
+    """The job run alone through the reference loop (the spec), on the engine's fixed blocks."""
     rows = block_rows_for(GENES, DEVICE)  # what Engine.for_model uses
-    sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
-    return sampler.sample(
-        job.num_cells, steps=options.steps, num_genes=GENES, seed=options.seed,
-        first_cell=job.first_cell, labels=job.labels, cell_types=job.cell_types,
-        temperature=options.temperature, time_grid=options.time_grid,
-        x_init=job.x_init, fixed=job.fixed,
+    sampler = Sampler(loaded.model, loaded.noise, loaded.graph, precision=FP32, block_rows=rows)
+    return reference_sample(
+        sampler, job.x_init, job.sampling, num_cells=job.num_cells, num_genes=GENES,
+        first_cell=job.first_cell, eps=job.eps, denoise=job.denoise, fixed=job.fixed,
+        labels=job.labels, cell_types=job.cell_types,
     ).cpu()  # fmt: skip
 
 
