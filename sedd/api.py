@@ -376,7 +376,7 @@ class Model:
         graphs = self._graphs_lock if sampler.graphs.enabled else contextlib.nullcontext()
         show = interactive() if progress is None else progress
         draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
-        bar = progress_bar(draws, request.sampling.steps, "sampling") if show else None
+        bar = progress_bar(draws, "sampling") if show else None
         with graphs, bar or contextlib.nullcontext() as on_progress:
             result = run_plan(
                 planned, self.policy, on_progress=on_progress, sampler=sampler, settings=settings

@@ -188,18 +188,14 @@ def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, objec
 
 
 @contextmanager
-def progress_bar(num_cells: int, steps: int, desc: str) -> Iterator[ProgressHook]:
-    """A tqdm bar counting whole cells (a cell counts once its work is done: rows move
-    ``steps + 1`` times each); yields the engine's progress hook. ``tqdm.auto``: a widget in
-    notebooks, text in a terminal."""
-    moves = steps + 1  # one row moves (steps + 1) times: steps + final denoise
-    done = 0
+def progress_bar(num_cells: int, desc: str) -> Iterator[ProgressHook]:
+    """A tqdm bar counting whole cells (a cell counts once its work is done, whenever that is:
+    an adaptive sampler's cells finish at different forwards); yields the engine's progress
+    hook. ``tqdm.auto``: a widget in notebooks, text in a terminal."""
     with tqdm(total=num_cells, unit="cell", desc=desc) as bar:
 
         def hook(update: StepProgress) -> None:
-            nonlocal done
-            done += update.rows
-            whole = min(done // moves, num_cells)
+            whole = min(bar.n + update.finished, num_cells)
             if whole > bar.n:
                 bar.update(whole - bar.n)
 

@@ -19,12 +19,15 @@ class QueuedEvent(BaseModel):
 
 
 class ProgressEvent(BaseModel):
-    """``progress``: after every step of the job (the final denoise is step == steps)."""
+    """``progress``: after every step of the job (the final denoise is step == steps; an
+    adaptive sampler's cells may finish before its cap, ``steps``)."""
 
     step: int
     steps: int
     rows: int  # the job's rows this step moved
     fraction_masked: float  # of all the job's positions (0 for uniform graphs)
+    fraction_unmasked: float  # of the genes the job draws, the share drawn (uniform: steps)
+    cells_finished: int  # the job's cells that finished with this step
 
 
 class ErrorEvent(BaseModel):

@@ -121,6 +121,13 @@ class ModelCard(BaseModel):
     checkpoint_sha256: str
     precision: PrecisionRecord
     limits: dict[str, float | int]
+    default_schedule: dict[str, str | int | float] = Field(
+        description="what a body that names no steps, time_grid or sampler runs: the model's "
+        "calibrated schedule (sedd calibrate), else the library's default"
+    )
+    schedule_calibrated: bool = Field(
+        description="whether default_schedule is the model's own calibration"
+    )
 
 
 class ModelList(BaseModel):

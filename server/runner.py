@@ -255,4 +255,6 @@ def _progress_dict(update: StepProgress) -> dict[str, Any]:
         "steps": int(update.steps),
         "rows": int(update.rows),
         "fraction_masked": finite_or_zero(float(update.fraction_masked)),
+        "fraction_unmasked": finite_or_zero(float(update.fraction_unmasked)),
+        "cells_finished": int(update.finished),
     }

@@ -213,10 +213,10 @@ def test_dir_lists_the_api_and_the_bar_counts_whole_cells(monkeypatch) -> None:
 
     bars: list[Bar] = []
     monkeypatch.setattr(run, "tqdm", lambda **kw: bars.append(Bar(**kw)) or bars[-1])
-    with run.progress_bar(3, 4, "sampling") as hook:  # 3 cells x 5 moves each
-        for rows in (2, 2, 2, 3, 3, 3):
-            hook(StepProgress(step=1, steps=5, rows=rows, fraction_masked=0.5))
-    assert bars[0].total == 3 and bars[0].shown == [1, 2, 3]  # whole cells, never a fraction
+    with run.progress_bar(3, "sampling") as hook:  # 3 cells, finishing 0, 1, 0, 2 at a time
+        for finished in (0, 1, 0, 2):
+            hook(StepProgress(step=1, steps=5, rows=3, fraction_masked=0.5, finished=finished))
+    assert bars[0].total == 3 and bars[0].shown == [1, 3]  # whole cells, never a fraction
     monkeypatch.setattr("sys.stderr", io.StringIO())  # a script logging to a file: no bar
     assert run.interactive() is False
 

@@ -141,7 +141,7 @@ def write_one_file(
         layers=layers,
     )  # fmt: skip
     draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
-    with writer, _bar(draws, request.sampling.steps, "sampling", progress) as on_progress:
+    with writer, _bar(draws, "sampling", progress) as on_progress:
         result = run_plan(
             planned, precision, on_progress=on_progress,
             on_batch=lambda _, counts: writer.add(counts),
@@ -172,8 +172,7 @@ def run_shard(
         return job.done_entry
     if job.resumed_cells:
         print(f"{label}: resuming, {job.resumed_cells} of {len(job.cells)} cells already done")
-    steps = planned.request.sampling.steps
-    with _bar(job.cells_to_generate, steps, label, progress) as on_progress:
+    with _bar(job.cells_to_generate, label, progress) as on_progress:
         entry = job.run(on_progress=on_progress)
     finish(
         job.paths.h5ad,
@@ -186,12 +185,12 @@ def run_shard(
 
 
 @contextlib.contextmanager
-def _bar(cells: int, steps: int, desc: str, progress: bool | None) -> Iterator[ProgressHook | None]:
+def _bar(cells: int, desc: str, progress: bool | None) -> Iterator[ProgressHook | None]:
     """``sedd.run.progress_bar``'s hook where a bar is wanted, else no hook."""
     if not show_progress(progress):
         yield None
         return
-    with progress_bar(cells, steps, desc) as hook:
+    with progress_bar(cells, desc) as hook:
         yield hook
 
 

@@ -29,9 +29,12 @@ class StepProgress:
     """Where a request is after a step (what a progress hook sees)."""
 
     step: int  # steps done by every row; the final denoise is step == steps
-    steps: int  # total, the denoise included
+    steps: int  # the most there are, the denoise included (an adaptive sampler's cap)
     rows: int  # rows this step moved
     fraction_masked: float  # of all positions, those that can still change (0: uniform graph)
+    finished: int = 0  # cells that finished with this step (a progress bar counts them)
+    # of the genes the request draws, the share drawn (under the uniform graph: step / steps)
+    fraction_unmasked: float = 0.0
 
 
 def reference_sample(
@@ -71,6 +74,8 @@ def reference_sample(
         pairs = list(itertools.pairwise(times)) + ([(times[-1], 0.0)] if denoise else [])
     else:  # each row's time is its own; t and s here are unused
         pairs = [(1.0, 1.0)] * total
+    to_draw = int(sampler._active(x, fixed).sum()) if sampler.graph.absorb else 0
+    busy = num_cells  # cells not finished
     for step, (t, s) in enumerate(pairs):
         rows = StepRows.of_request(
             x, t, s, seed=seed, first_cell=first_cell, step=step, temperature=options.temperature,
@@ -81,7 +86,13 @@ def reference_sample(
         x = out.tokens
         left = int(out.active.sum()) if sampler.graph.absorb and out.active is not None else 0
         if on_step is not None:
-            on_step(StepProgress(step + 1, len(pairs), num_cells, left / max(x.numel(), 1)))
+            # a cell finishes when its last gene is drawn (an adaptive kind) or at the last step
+            still = int((out.active > 0).sum()) if kind.adaptive else num_cells
+            still = 0 if step + 1 == len(pairs) else still
+            drawn = 1 - left / to_draw if to_draw else (step + 1) / len(pairs)
+            on_step(StepProgress(step + 1, len(pairs), num_cells, left / max(x.numel(), 1),
+                                 busy - still, drawn))  # fmt: skip
+            busy = still
         if kind.adaptive and not left:  # every cell is done: its job ends here
             break
     return x

@@ -202,6 +202,7 @@ class Engine:
         """Drop finished rows (a block past its last step, or, under the absorbing graph, rows
         with every gene drawn: they leave at once and their room goes to waiting work), report
         progress, complete jobs whose rows are all done."""
+        finished: dict[int, int] = {}  # job -> its rows that finished this tick
         with self._lock:
             for blk in blocks:
                 if blk.state.done or blk not in self._active:
@@ -210,20 +211,23 @@ class Engine:
                 if kept != [blk]:
                     at = self._active.index(blk)
                     self._active[at : at + 1] = kept
-                    blk.state.rows_done += blk.rows - sum(part.rows for part in kept)
+                    gone = blk.rows - sum(part.rows for part in kept)
+                    blk.state.rows_done += gone
+                    finished[id(blk.state)] = finished.get(id(blk.state), 0) + gone
             active = list(self._active)
         stepped = {id(blk.state): blk.state for blk in blocks if not blk.state.done}
         for st in stepped.values():
             if st.on_progress is not None:
                 rows = sum(blk.rows for blk in blocks if blk.state is st)
-                self._report(st, [blk for blk in active if blk.state is st], rows)
+                mine = [blk for blk in active if blk.state is st]
+                self._report(st, mine, rows, finished.get(id(st), 0))
         for st in stepped.values():
             if st.rows_done == st.job.num_cells:
                 self._complete(st)
 
-    def _report(self, st: JobState, mine: list[RowBlock], rows: int) -> None:
+    def _report(self, st: JobState, mine: list[RowBlock], rows: int, finished: int) -> None:
         try:
-            st.on_progress(st.progress(mine, self.sampler.graph, rows))  # type: ignore[misc]
+            st.on_progress(st.progress(mine, self.sampler.graph, rows, finished))  # type: ignore[misc]
         except Exception:  # a caller's hook must not stop the engine
             log.exception("on_progress of job %d raised", st.handle.job_id)
 

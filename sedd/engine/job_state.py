@@ -93,16 +93,21 @@ class JobState:
         """The job's kind of reverse step."""
         return step_kind(self.job.sampling.sampler)
 
-    def progress(self, mine: list[RowBlock], graph: Graph, rows: int) -> StepProgress:
-        """Where the job is, given its blocks still in flight (``mine``) and the ``rows`` of it
-        this step moved; from host counts, no device read."""
+    def progress(
+        self, mine: list[RowBlock], graph: Graph, rows: int, finished: int
+    ) -> StepProgress:
+        """Where the job is, given its blocks still in flight (``mine``), the ``rows`` of it
+        this step moved and the cells that ``finished`` with it; from host counts, no device
+        read."""
         total = self.job.total_steps
         done = self.admitted == self.job.num_cells
         step = min((blk.step for blk in mine), default=total) if done else 0
-        masked = 0.0
+        masked, unmasked = 0.0, step / max(total, 1)
         if graph.absorb:  # masked positions are the ones that can change (fixed never are)
-            masked = float(self.active.sum()) / max(self.x.numel(), 1)
-        return StepProgress(step, total, rows, masked)
+            left = float(self.active.sum())
+            masked = left / max(self.x.numel(), 1)
+            unmasked = 1 - left / self.to_draw if self.to_draw else 1.0
+        return StepProgress(step, total, rows, masked, finished, unmasked)
 
 
 @dataclass(eq=False)

@@ -65,5 +65,7 @@ def _card(service: Service) -> ModelCard:
             **({"max_cell_steps": settings.max_cell_steps} if settings.max_cell_steps else {}),
             "request_timeout_s": settings.request_timeout_s,
         },
+        default_schedule=loaded.schedule.record(),
+        schedule_calibrated=loaded.calibrated,
     )
     return card

@@ -420,7 +420,8 @@ def test_purpose_values_are_stable():
     # part of the counter: renumbering them would change every stored sample
     assert int(Purpose.STEP) == 0
     assert int(Purpose.START) == 1
-    assert len(Purpose) == 2
+    assert int(Purpose.ORDER) == 2  # the entropy-bounded step's order among genes
+    assert len(Purpose) == 3
 
 
 def test_numpy_and_torch_words_agree_bit_for_bit():

@@ -137,11 +137,15 @@ def test_rows_never_exceed_the_cap_and_a_big_job_runs_in_row_chunks():
     big, small = job(12, steps=3, label=1, seed=7), job(2, steps=2, label=2, seed=8)
     hb, hs = engine.submit(big), engine.submit(small)
     run_until_idle(engine)
-    # every row takes each step; a denoise that finds no mask left runs no forward
+    # a row takes each step until its genes are all drawn, then leaves (a denoise that would
+    # find no mask left runs no forward)
     assert max(rec.forwards) <= 5
-    assert 12 * 3 + 2 * 2 <= sum(rec.forwards) <= 12 * 4 + 2 * 3
-    assert torch.equal(hb.future.result(timeout=0).tokens, solo(big))
-    assert torch.equal(hs.future.result(timeout=0).tokens, solo(small))
+    rb, rs = hb.future.result(timeout=0), hs.future.result(timeout=0)
+    assert 12 + 2 <= sum(rec.forwards) <= 12 * 4 + 2 * 3
+    assert sum(rec.forwards) == rb.row_forwards + rs.row_forwards  # every row counted once
+    assert rb.genes_committed == 12 * GENES and rs.genes_committed == 2 * GENES
+    assert torch.equal(rb.tokens, solo(big))
+    assert torch.equal(rs.tokens, solo(small))
 
 
 def test_the_head_of_the_queue_is_never_overtaken():
@@ -288,7 +292,8 @@ def test_nan_that_fp32_cannot_fix_fails_only_that_job():
         with pytest.raises(NonFiniteScoreError):
             h.future.result(timeout=0)
     assert sorted(o for _, o in rec.done) == ["error", "error", "ok"]
-    assert engine.submit(job(1)).job_id == 3 and run_until_idle(engine) == 5  # still serving
+    # still serving: the cell's 4 steps draw all its genes, so it leaves without the denoise
+    assert engine.submit(job(1)).job_id == 3 and run_until_idle(engine) == 4
 
 
 def test_fp32_fallbacks_are_counted_on_the_job_whose_rows_needed_them():
@@ -425,7 +430,7 @@ def test_bad_jobs_are_refused_naming_the_field_and_value(change, message):
     [
         ({"steps": 0}, "`steps` must be >= 1, got 0"),
         ({"temperature": float("nan")}, "`temperature` must be finite and > 0, got nan"),
-        ({"sampler": "ddpm"}, "`sampler` must be one of euler, analytic, got 'ddpm'"),
+        ({"sampler": "ddpm"}, "`sampler` must be one of euler, analytic, entropy, got 'ddpm'"),
         ({"seed": -1}, r"`seed` must be in \[0, 2\*\*63 - 1\], got -1"),
     ],
 )

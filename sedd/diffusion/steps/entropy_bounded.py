@@ -72,10 +72,12 @@ class EntropyBoundedStep(ReverseStep):
                rows: StepRows) -> torch.Tensor:  # fmt: skip
         """(b, L) bool: per row, the lowest-entropy active positions that fit the bound, at least
         the floor that keeps the row within its cap, at most every active one."""
-        tiny = torch.finfo(probs.dtype).tiny
-        mass = probs.sum(dim=-1, keepdim=True).clamp_min(tiny)  # (b, L, 1)
-        p = probs / mass  # (b, L, V): what a chosen gene is drawn from
-        entropy = (-(p * p.clamp_min(tiny).log()).sum(dim=-1)).double().clamp_min(0)  # (b, L)
+        # the entropy of p = probs / mass (what a chosen gene is drawn from) without writing p:
+        # H = log(mass) - sum(probs log probs) / mass, one (b, L, V) temporary (xlogy's), so a
+        # block's peak memory stays within the step's per-token budget (``forwards``)
+        mass = probs.sum(dim=-1).clamp_min(torch.finfo(probs.dtype).tiny)  # (b, L)
+        plogp = torch.special.xlogy(probs, probs).sum(dim=-1)  # (b, L)
+        entropy = (mass.log() - plogp / mass).double().clamp_min(0)  # (b, L) nats
         # precision: the order and the running sums in fp64. The order: by entropy plus a
         # uniform jitter of ORDER_NATS from the cell's own stream, so genes of about equal
         # entropy come in a random order (see the module docstring)
