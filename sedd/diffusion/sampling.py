@@ -34,7 +34,6 @@ engine and recomputes non-finite rows in fp32 (docs/precision.md rule 5).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -50,7 +49,7 @@ from sedd.diffusion.noise import Noise
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.diffusion.schedule import time_grid
 from sedd.diffusion.step_rows import StepBranches, StepRows
-from sedd.diffusion.steps import STEPS, ReverseStep, StepTimes
+from sedd.diffusion.steps import ReverseStep, StepTimes, kinds_in, per_kind
 from sedd.diffusion.steps.base import tweedie_transition
 from sedd.precision import (
     PrecisionPolicy,
@@ -252,7 +251,7 @@ class Sampler:
         kinds in ``branches`` are computed, and each is kept on its own rows."""
         x = rows.x  # (b, L)
         active = self._active(x, rows.fixed)
-        kinds = self._kinds(branches)
+        kinds = kinds_in(branches)
         t = rows.t  # (b,) fp64; an adaptive kind reads its rows' time off their tokens
         for index, kind in kinds:
             if (own_t := kind.row_time(x, self.graph, self.noise)) is not None:
@@ -297,28 +296,6 @@ class Sampler:
         tokens = torch.where(changing, drawn, x)  # (b, L)
         return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1)
 
-    @staticmethod
-    def _kinds(branches: StepBranches) -> list[tuple[int, ReverseStep]]:
-        """(index, kind) of every step kind that rows not at their final denoise take."""
-        return [(i, step) for i, step in enumerate(STEPS) if step.name in branches.kinds]
-
-    @staticmethod
-    def _per_kind(
-        rows: StepRows,
-        kinds: list[tuple[int, ReverseStep]],
-        value: Callable[[ReverseStep], torch.Tensor],
-    ) -> torch.Tensor | None:
-        """``value(kind)`` on the rows of each kind in ``kinds`` (None when there is none)."""
-        out: torch.Tensor | None = None
-        for index, kind in kinds:
-            mine = value(kind)
-            if out is None:
-                out = mine
-            else:
-                on = (rows.kind == index).view(-1, *([1] * (mine.dim() - 1)))
-                out = torch.where(on, mine, out)
-        return out
-
     def _score(self, out: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Concrete score (ratios), (b, L, V) fp32, for either parametrisation."""
         if self.model.parametrisation == "score":
@@ -352,7 +329,7 @@ class Sampler:
         """
         rows, sigma_t, final = times.rows, times.sigma_t, times.final
         mask = self.graph.dim - 1
-        c = self._per_kind(rows, kinds, lambda kind: kind.unmask_coefficient(times))
+        c = per_kind(rows, kinds, lambda kind: kind.unmask_coefficient(times))
         c = torch.expm1(sigma_t) if c is None else torch.where(final, torch.expm1(sigma_t), c)
         analytic = rows.kind == PREDICTORS.index("analytic")
         tweedie = final | analytic  # (b,) the rows whose stay is the model's own mask score
@@ -396,7 +373,7 @@ class Sampler:
         final denoise take the analytic update. Only the kinds present are computed.
         """
         score = self._score(out, times.sigma_t)
-        probs = self._per_kind(
+        probs = per_kind(
             times.rows, kinds, lambda kind: kind.transition(times, score, current, self.graph)
         )
         if probs is None:  # every row is at its final denoise

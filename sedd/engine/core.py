@@ -29,11 +29,10 @@ from sedd.checkpoints import LoadedModel
 from sedd.diffusion.inputs import ModelLimits
 from sedd.diffusion.reference import StepProgress
 from sedd.diffusion.sampling import Sampler
-from sedd.engine.admission import Work, Workload
+from sedd.engine.admission import Workload
 from sedd.engine.forwards import ForwardShape, model_sampler
 from sedd.engine.job_state import JobState, RowBlock
 from sedd.engine.jobs import (
-    EngineFull,
     EngineJob,
     EngineObserver,
     EngineStopped,
@@ -41,11 +40,10 @@ from sedd.engine.jobs import (
     JobCancelled,
     JobHandle,
     JobResult,
-    JobTimeout,
     outcome_of,
     validate_job,
 )
-from sedd.engine.scheduler import admit, groups_of, select
+from sedd.engine.queue import JobQueue
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
@@ -99,13 +97,8 @@ class Engine:
         self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
         self.max_rows_in_flight, self.fair = in_flight, fair
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._waiting: deque[JobState] = deque()  # FIFO; the head may be partly admitted
-        self._active: list[RowBlock] = []
-        self._accepting, self._abort = True, False
+        self._queue = JobQueue(max_queued_jobs)  # waiting and in-flight jobs, and their lock
         self._thread: threading.Thread | None = None
-        self._next_id = 0
         self.forward_seconds: float | None = None  # one forward (a block), ``_time``
         self._forwards: deque[float] = deque(maxlen=9)
         self.last_tick_monotonic: float | None = None  # when the last tick ended
@@ -121,20 +114,7 @@ class Engine:
         (e.g. ``loop.call_soon_threadsafe``).
         """
         validate_job(job, self.limits, self.sampler.graph)
-        with self._lock:
-            if not self._accepting:
-                raise EngineStopped("the engine is shutting down and takes no new jobs.")
-            queued = sum(1 for st in self._waiting if st.admitted == 0)
-            if queued >= self.max_queued_jobs:
-                raise EngineFull(
-                    f"the queue is full ({queued} jobs waiting); try again later.",
-                    self._retry_after_locked(),
-                )
-            handle = JobHandle(self._next_id, self._notify)
-            self._next_id += 1
-            self._waiting.append(JobState(job, handle, on_progress, time.monotonic()))
-            self._wake.notify_all()
-        return handle
+        return self._queue.put(job, on_progress, self._retry_after)
 
     # ---- one step boundary -----------------------------------------------------------------
 
@@ -143,11 +123,10 @@ class Engine:
         if self._thread is not None and threading.current_thread() is not self._thread:
             raise RuntimeError("the engine thread is running: only it may call tick().")
         start = self.tick_started_monotonic = time.monotonic()
-        with self._lock:
-            ended = self._ended_locked(start)
-            joined = admit(self._waiting, self._active, self.max_rows_per_forward,
-                           self.max_rows_in_flight, start, fair=self.fair)  # fmt: skip
-            self._active.extend(joined)
+        queue = self._queue
+        ended = queue.take_ended(start)
+        joined = queue.admit(self.max_rows_per_forward, self.max_rows_in_flight, start,
+                             fair=self.fair)  # fmt: skip
         for st, err in ended:
             self._finish(st, None, err)
         graph, device = self.sampler.graph, self.sampler.device
@@ -156,10 +135,7 @@ class Engine:
                 blk.state.materialise(graph, self.limits.num_genes, device)
             except Exception as err:  # e.g. out of memory for the job's tokens: that job only
                 self._finish(blk.state, None, err)
-        with self._lock:  # this tick's rows; blocks split by the shares stay in flight
-            groups = groups_of(self._active)
-            chosen, self._active = select(groups, self.max_rows_per_forward, fair=self.fair)
-        blocks = [blk for blk in chosen if not blk.state.done]
+        blocks = queue.select(self.max_rows_per_forward, fair=self.fair)  # this tick's rows
         if blocks:
             calls = self._stepper.model_calls
             self._stepper.step(blocks)
@@ -185,36 +161,11 @@ class Engine:
         self.forward_seconds = None
         self._forwards.clear()
 
-    def _ended_locked(self, now: float) -> list[tuple[JobState, Exception]]:
-        ended: list[tuple[JobState, Exception]] = []
-        for st in self._states_locked():
-            name = f"job {st.handle.job_id}"
-            # past its deadline it timed out, even when the caller has cancelled it for that
-            if st.job.deadline is not None and now > st.job.deadline:
-                ended.append((st, JobTimeout(f"{name} did not finish before its deadline.")))
-            elif st.handle.cancel_requested or st.handle.future.cancelled():
-                ended.append((st, JobCancelled(f"{name} was cancelled.")))
-        for st, _ in ended:
-            self._remove_locked(st)
-        return ended
-
     def _retire(self, blocks: list[RowBlock]) -> None:
         """Drop finished rows (a block past its last step, or, under the absorbing graph, rows
         with every gene drawn: they leave at once and their room goes to waiting work), report
         progress, complete jobs whose rows are all done."""
-        finished: dict[int, int] = {}  # job -> its rows that finished this tick
-        with self._lock:
-            for blk in blocks:
-                if blk.state.done or blk not in self._active:
-                    continue
-                kept = [] if blk.finished else blk.working()
-                if kept != [blk]:
-                    at = self._active.index(blk)
-                    self._active[at : at + 1] = kept
-                    gone = blk.rows - sum(part.rows for part in kept)
-                    blk.state.rows_done += gone
-                    finished[id(blk.state)] = finished.get(id(blk.state), 0) + gone
-            active = list(self._active)
+        finished, active = self._queue.retire(blocks)  # job -> its rows done now
         stepped = {id(blk.state): blk.state for blk in blocks if not blk.state.done}
         for st in stepped.values():
             if st.on_progress is not None:
@@ -256,8 +207,7 @@ class Engine:
         if st.done:
             return
         st.done = True
-        with self._lock:
-            self._remove_locked(st)
+        self._queue.remove(st)
         outcome = outcome_of(err)
         # Observe first: whoever waits on the future must find the job already counted.
         self._observe("on_job_done", st.job, result, outcome)
@@ -269,15 +219,6 @@ class Engine:
         except InvalidStateError:  # the caller cancelled the future itself
             pass
 
-    def _remove_locked(self, st: JobState) -> None:
-        self._active = [blk for blk in self._active if blk.state is not st]
-        if st in self._waiting:
-            self._waiting.remove(st)
-
-    def _states_locked(self) -> list[JobState]:
-        found = [*(blk.state for blk in self._active), *self._waiting]
-        return list({id(st): st for st in found}.values())
-
     def _observe(self, hook: str, *args: object) -> None:
         if (fn := getattr(self.observer, hook, None)) is None:
             return
@@ -286,27 +227,26 @@ class Engine:
         except Exception:  # monitoring must not stop the engine
             log.exception("observer %s raised", hook)
 
-    def _retry_after_locked(self) -> float:
+    def _retry_after(self) -> float:
         """Seconds until a queued job can start, so one more can queue (an estimate,
         ``Workload.room_seconds``); 1 s before a forward has been timed."""
-        seconds, groups = self.forward_seconds, groups_of(self._active)
-        return 1.0 if seconds is None else self._workload_locked(seconds).room_seconds(groups)
+        seconds = self.forward_seconds
+        if seconds is None:
+            return 1.0
+        workload, groups = self._snapshot(seconds)
+        return workload.room_seconds(groups)
 
     def ticks_until_room(self) -> int:
         """Ticks until the head of the queue can start (``EngineFull.retry_after``'s)."""
-        with self._lock:
-            return self._workload_locked(0.0).room_ticks(groups_of(self._active))
+        workload, groups = self._snapshot(0.0)
+        return workload.room_ticks(groups)
 
     # ---- the background thread -------------------------------------------------------------
 
-    def _notify(self) -> None:
-        with self._lock:
-            self._wake.notify_all()
-
     def start(self) -> None:
         """Loop ``tick`` on a background thread, which sleeps on a condition while idle."""
-        with self._lock:
-            if not self._accepting:
+        with self._queue.lock:
+            if not self._queue.accepting:
                 raise EngineStopped("the engine was stopped; build a new one.")
             if self._thread is not None:
                 raise RuntimeError("the engine is already running.")
@@ -314,90 +254,84 @@ class Engine:
             self._thread.start()
 
     def _loop(self) -> None:
+        queue = self._queue
         while True:
-            with self._lock:
-                while self._accepting and not (self._abort or self._waiting or self._active):
-                    self._wake.wait()
-                if self._abort or not (self._waiting or self._active):
+            with queue.lock:
+                while queue.accepting and not queue.abort and queue.idle():
+                    queue.wake.wait()
+                if queue.abort or queue.idle():
                     return
             try:
                 self.tick()
             except Exception as err:  # a bug in the bookkeeping: fail what runs, keep serving
                 log.exception("engine tick failed")
-                with self._lock:
-                    running = [st for st in self._states_locked() if st.started is not None]
+                running = [st for st in queue.states() if st.started is not None]
                 for st in running:
                     self._finish(st, None, err)
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Take no new jobs. With ``drain``, finish the queued and in-flight jobs first (for up
         to ``timeout`` seconds); jobs still left then get ``JobCancelled``. Idempotent."""
-        with self._lock:
-            self._accepting = False
-            self._abort = self._abort or not drain
-            self._wake.notify_all()
+        queue = self._queue
+        with queue.lock:
+            queue.accepting = False
+            queue.abort = queue.abort or not drain
+            queue.wake.notify_all()
             thread = self._thread
         deadline = None if timeout is None else time.monotonic() + timeout
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-            with self._lock:
-                self._abort = True  # the drain ran out of time: stop at the next boundary
-                self._wake.notify_all()
+            with queue.lock:
+                queue.abort = True  # the drain ran out of time: stop at the next boundary
+                queue.wake.notify_all()
             thread.join()
         elif thread is None and drain:
-            while self._states() and (deadline is None or time.monotonic() < deadline):
+            while queue.states() and (deadline is None or time.monotonic() < deadline):
                 self.tick()
-        for st in self._states():
+        for st in queue.states():
             self._finish(st, None, JobCancelled(f"job {st.handle.job_id}: the engine stopped."))
 
     def workload(self) -> Workload | None:
         """The jobs in flight and queued as row counts, with the limits and the measured
         forward time (``sedd.engine.admission``); None before a forward has been timed."""
         seconds = self.forward_seconds
-        with self._lock:
-            return None if seconds is None else self._workload_locked(seconds)
+        return None if seconds is None else self._snapshot(seconds)[0]
 
-    def _workload_locked(self, forward_seconds: float) -> Workload:
-        now = time.monotonic()
-        running = tuple(Work.of_blocks(blocks, now) for blocks in groups_of(self._active))
-        waiting = tuple(Work.of_queued(st.job, st.admitted, now) for st in self._waiting)
+    def _snapshot(self, forward_seconds: float) -> tuple[Workload, list[list[RowBlock]]]:
+        """The workload now, priced at ``forward_seconds`` a forward, and the blocks in flight
+        by job, taken together."""
+        running, waiting, groups = self._queue.snapshot(time.monotonic())
         block = self.sampler.block_rows or self.max_rows_per_forward
-        return Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
-                        self.fair, forward_seconds, block)  # fmt: skip
+        workload = Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
+                            self.fair, forward_seconds, block)  # fmt: skip
+        return workload, groups
 
     def cut(self) -> None:
         """Stop now, from any thread: fail every queued and in-flight job at once with
         ``EngineStopped`` (a step under way finishes and is dropped). Idempotent."""
-        with self._lock:
-            self._accepting = False
-            self._abort = True
-            self._wake.notify_all()
-        for st in self._states():
+        queue = self._queue
+        with queue.lock:
+            queue.accepting = False
+            queue.abort = True
+            queue.wake.notify_all()
+        for st in queue.states():
             self._finish(st, None, EngineStopped(f"job {st.handle.job_id}: the engine stopped."))
-
-    def _states(self) -> list[JobState]:
-        with self._lock:
-            return self._states_locked()
 
     @property
     def queued_jobs(self) -> int:
-        with self._lock:
-            return sum(1 for st in self._waiting if st.admitted == 0)
+        return self._queue.queued_jobs
 
     @property
     def queued_rows(self) -> int:  # submitted, not yet admitted
-        with self._lock:
-            return sum(st.job.num_cells - st.admitted for st in self._waiting)
+        return self._queue.queued_rows
 
     @property
     def active_jobs(self) -> int:
-        with self._lock:
-            return len({id(blk.state) for blk in self._active})
+        return self._queue.active_jobs
 
     @property
     def active_rows(self) -> int:
-        with self._lock:
-            return sum(blk.rows for blk in self._active)
+        return self._queue.active_rows
 
     @property
     def readbacks(self) -> int:  # device-to-host reads of step results: one a tick, as a rule

@@ -22,7 +22,7 @@ from sedd.diffusion.graph import AbsorbingGraph
 from sedd.diffusion.noise import LogLinearNoise
 from sedd.diffusion.randomness import cell_uniforms
 from sedd.diffusion.sampling import WHOLE_ROW_SOFTMAX_FROM, Sampler, StepBranches, StepRows
-from sedd.diffusion.steps import StepTimes
+from sedd.diffusion.steps import StepTimes, kinds_in
 from sedd.models.ddit import DDiT
 from sedd.models.st3 import SEDDTransformer
 
@@ -138,7 +138,7 @@ def test_unmask_step_draws_the_cells_of_the_old_maths_bit_for_bit(vocab: int, pr
                     old = reference_probs(sampler, rows)
                     out, sigma_t, sigma_s, final = step_inputs(sampler, rows)
                     times = StepTimes(rows, sigma_t, sigma_s, final, sampler.noise)
-                    kinds = sampler._kinds(StepBranches.of_rows(rows))
+                    kinds = kinds_in(StepBranches.of_rows(rows))
                     jumps, stay, sums = sampler._unmask_probs(out, times, kinds)
                     assert torch.equal(jumps[..., :-1], old[..., :-1]), where
                     assert not jumps[..., -1].any(), where

@@ -135,7 +135,7 @@ def _engine_job(a: Arrival, clock: FakeClock) -> EngineJob:
 def _assert_rows_disjoint(engine: Engine) -> None:
     """No row of a job is in two in-flight blocks, and none lies outside its admitted rows."""
     by_job: dict[int, list[tuple[int, int]]] = {}
-    for blk in engine._active:
+    for blk in engine._queue.active:
         assert 0 <= blk.lo < blk.hi <= blk.state.admitted, (blk.lo, blk.hi, blk.state.admitted)
         by_job.setdefault(id(blk.state), []).append((blk.lo, blk.hi))
     for spans in by_job.values():

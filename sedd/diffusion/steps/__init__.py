@@ -8,6 +8,11 @@ every kind listed here, so a new step is a module, an entry here and a name ther
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
+from sedd.diffusion.step_rows import StepBranches, StepRows
 from sedd.diffusion.steps.analytic import AnalyticStep
 from sedd.diffusion.steps.base import ReverseStep, StepTimes
 from sedd.diffusion.steps.entropy_bounded import EntropyBoundedStep
@@ -16,7 +21,16 @@ from sedd.diffusion.steps.euler import EulerStep
 STEPS: tuple[ReverseStep, ...] = (EulerStep(), AnalyticStep(), EntropyBoundedStep())
 STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
 
-__all__ = ["STEPS", "STEP_NAMES", "ReverseStep", "StepTimes", "kind_index", "step_kind"]
+__all__ = [
+    "STEPS",
+    "STEP_NAMES",
+    "ReverseStep",
+    "StepTimes",
+    "kind_index",
+    "kinds_in",
+    "per_kind",
+    "step_kind",
+]
 
 
 def kind_index(name: str) -> int:
@@ -31,3 +45,26 @@ def kind_index(name: str) -> int:
 def step_kind(name: str) -> ReverseStep:
     """The step kind called ``name``."""
     return STEPS[kind_index(name)]
+
+
+def kinds_in(branches: StepBranches) -> list[tuple[int, ReverseStep]]:
+    """(index, kind) of every step kind that a step's rows not at their final denoise take."""
+    return [(i, step) for i, step in enumerate(STEPS) if step.name in branches.kinds]
+
+
+def per_kind(
+    rows: StepRows,
+    kinds: list[tuple[int, ReverseStep]],
+    value: Callable[[ReverseStep], torch.Tensor],
+) -> torch.Tensor | None:
+    """``value(kind)`` kept on the rows of each kind in ``kinds`` (``torch.where`` on the
+    row's ``StepRows.kind``); None when there is no kind. One kind: its value as it is."""
+    out: torch.Tensor | None = None
+    for index, kind in kinds:
+        mine = value(kind)
+        if out is None:
+            out = mine
+        else:
+            on = (rows.kind == index).view(-1, *([1] * (mine.dim() - 1)))
+            out = torch.where(on, mine, out)
+    return out
