@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from pathlib import Path
 
 from sedd.commands.args import add_model_arguments
@@ -76,6 +75,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _command(args: argparse.Namespace) -> str:
+    """The command line that makes this calibration again (the run's own options)."""
+    words = ["sedd", "calibrate", "--data", str(args.data), "--seeds", str(args.seeds)]
+    if args.model is not None:
+        words += ["--model", str(args.model)]
+    for candidate in args.candidate or []:
+        words += ["--candidate", candidate]
+    words += ["--precision", args.precision, "--work", str(args.work)]
+    return shlex.join(words)
+
+
 def run(args: argparse.Namespace) -> int:
     from sedd.api import Model
     from sedd.checkpoints.calibration import Calibration, calibration_path
@@ -110,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             **found,
             "weights_sha256": loaded.file_hash,
             "data": str(args.data),
-            "command": shlex.join(["sedd", *sys.argv[1:]]),
+            "command": _command(args),
         }
     )
     out = args.out or calibration_path(Path(loaded.path))

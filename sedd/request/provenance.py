@@ -33,6 +33,8 @@ def run_provenance(
     if request.n_samples != 1:  # absent for one draw: its output is what it always was
         draws = {"n_samples": request.n_samples, "mean_layer": MEAN_LAYER}
         extra = {**draws, **(extra or {})}
+    if request.sampling.sampler == "entropy":  # its bound, beside the sampler and cap (steps)
+        extra = {"entropy_bound": request.sampling.entropy_bound, **(extra or {})}
     return provenance_uns(
         sampler=request.sampling.sampler,
         steps=request.sampling.steps,

@@ -305,14 +305,14 @@ async def test_impute_drops_unknown_genes_and_clips_on_request(model_dir: Path) 
             "/generate",
             {"sampler": "ddpm"},
             ["body", "sampler"],
-            "Input should be 'euler' or 'analytic'",
+            "Input should be 'euler', 'analytic' or 'entropy'",
         ),
         (
             "/generate",
             {"condition": "KRAS", "extra": 1},
             ["body", "extra"],
-            "unknown field 'extra' (fields: steps, time_grid, sampler, temperature, seed, format, "
-            "timeout_s, model, num_cells, condition, conditions, cell_type)",
+            "unknown field 'extra' (fields: steps, time_grid, sampler, entropy_bound, temperature, "
+            "seed, format, timeout_s, model, num_cells, condition, conditions, cell_type)",
         ),
         (
             "/predict",
@@ -393,9 +393,15 @@ async def test_stream_sends_queued_progress_per_step_then_the_result(model_dir: 
     ]
     names = [name for name, _ in events]
     assert names[0] == "queued" and names[-1] == "result"
-    steps = [data["step"] for name, data in events if name == "progress"]
-    assert steps == [1, 2, 3, 4]
-    assert all(data["steps"] == 4 for name, data in events if name == "progress")
+    progress = [data for name, data in events if name == "progress"]
+    steps = [data["step"] for data in progress]
+    # a step at a time; a cell leaves once its genes are all drawn (3 steps to t = 1e-5 leave
+    # none for the denoise), and the job's last event says it is done: step == steps
+    assert steps == sorted(set(steps)) and steps[:2] == [1, 2] and steps[-1] == 4
+    assert all(data["steps"] == 4 for data in progress)
+    assert sum(data["cells_finished"] for data in progress) == 2
+    unmasked = [data["fraction_unmasked"] for data in progress]
+    assert unmasked == sorted(unmasked) and unmasked[-1] == 1.0
     assert events[-1][1]["counts"] == plain["counts"]
     # every event is one of the schema's typed events (OpenAPI 3.2 itemSchema)
     for name, data in events:
