@@ -49,6 +49,8 @@ class RunFigures:
     precision: str
     seconds: list[float] = field(default_factory=list)
     forwards: int = 0
+    forwards_per_cell: float = 0.0  # what a cell cost (vLLM's "denoising steps per canvas")
+    genes_per_forward: float = 0.0  # genes a cell commits a forward ("committed per step")
     peak_mib: float = 0.0
     record: dict[str, object] = field(default_factory=dict)
 
@@ -63,6 +65,8 @@ class RunFigures:
             "tokens_per_s": cells_per_s * case.genes,
             "ms_per_forward": 1000 * seconds / self.forwards,
             "forwards": self.forwards,
+            "forwards_per_cell": self.forwards_per_cell,
+            "genes_per_forward": self.genes_per_forward,
             "peak_mib": self.peak_mib,
             "precision_record": self.record,
         }
@@ -81,18 +85,21 @@ class _ForwardCounter:
         return None
 
 
-def _timed_sample(sampler: Sampler, case: BenchCase, seed: int) -> tuple[float, int, float]:
-    """One batch of ``case.batch`` cells through the engine: (seconds, forwards, peak MiB)."""
+def _timed_sample(
+    sampler: Sampler, case: BenchCase, seed: int
+) -> tuple[float, int, float, JobResult]:
+    """One batch of ``case.batch`` cells through the engine: (seconds, forwards, peak MiB,
+    the job's result: what a cell cost)."""
     counter = _ForwardCounter()
     limits = ModelLimits.of_module(sampler.model, case.genes)
     engine = Engine(sampler, limits, max_rows_per_forward=case.batch, observer=counter)
     with PeakMemory(sampler.device) as peak:
         start = time.perf_counter()
-        run_job(engine, EngineJob(case.batch, SamplingOptions(case.steps, seed=seed)))
+        result = run_job(engine, EngineJob(case.batch, SamplingOptions(case.steps, seed=seed)))
         if sampler.device.type == "cuda":
             torch.cuda.synchronize(sampler.device)
         seconds = time.perf_counter() - start
-    return seconds, counter.forwards, peak.mib
+    return seconds, counter.forwards, peak.mib, result
 
 
 def score_parity(
@@ -138,10 +145,12 @@ def run_case(
         _timed_sample(sampler, warm, seed)
     for _ in range(repeats):
         for name, sampler in samplers.items():  # alternate precisions within each repeat
-            seconds, forwards, peak = _timed_sample(sampler, case, seed)
+            seconds, forwards, peak, result = _timed_sample(sampler, case, seed)
             fig = figures[name]
             fig.seconds.append(seconds)
             fig.forwards = forwards
+            fig.forwards_per_cell = result.forwards_per_cell
+            fig.genes_per_forward = result.genes_per_forward
             fig.peak_mib = max(fig.peak_mib, peak)
     results = {}
     for name, fig in figures.items():

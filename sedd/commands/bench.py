@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             f"--num-genes and --batch-sizes must be >= 1, got {gene_counts} and {batch_sizes}."
         )
     precisions = list(dict.fromkeys(["fp32", *args.precisions]))
-    console = Console(width=max(Console().width, 150))
+    console = Console(width=max(Console().width, 180))
     console.print(f"sedd bench on {device}: {environment()}")
     entries = []
     for (hidden, layers, heads), genes, batch in itertools.product(
@@ -166,6 +166,8 @@ def _table(entries: list[dict]) -> Table:
         "cells/s",
         "tokens/s",
         "ms/forward",
+        "fwd/cell",
+        "genes/fwd",
         "peak MiB",
         "speedup vs fp32",
         "mem vs fp32",
@@ -185,6 +187,8 @@ def _table(entries: list[dict]) -> Table:
                 f"{r['cells_per_s']:.2f}",
                 f"{r['tokens_per_s']:.0f}",
                 f"{r['ms_per_forward']:.1f}",
+                f"{r['forwards_per_cell']:.2f}",
+                f"{r['genes_per_forward']:.1f}",
                 f"{r['peak_mib']:.0f}",
                 f"{ratio['speedup_cells_per_s']:.2f}x" if ratio else "1.00x",
                 f"{ratio['peak_memory']:.2f}x" if ratio else "1.00x",
@@ -205,7 +209,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--chunks must be >= 1 and --seed >= 0, got {args.chunks}, {args.seed}.")
     model = load(args.model, device=args.device, precision=args.precision)
     loaded, policy = model.loaded, model.policy
-    console = Console(width=max(Console().width, 150))
+    console = Console(width=max(Console().width, 180))
     console.print(f"sedd bench --compare on {args.device} ({policy.name}): {environment()}")
     console.print("st3's pattern and our default, alternating chunks ...")
     data = args.data or BUNDLED_DATA
@@ -274,14 +278,19 @@ def _compare_table(result: dict) -> Table:
 
     table = Table(title=f"st3's pattern vs our default, {result['cells']} cells each")
     quality = ("corr_rms", "mmd2_rbf", "energy_distance", "within_label_agreement")
-    for col in ("arm", "steps", "grid", "batch", "seconds", "cells/s", "model calls", *quality):
+    columns = ("arm", "sampler", "steps", "batch", "seconds", "cells/s", "model calls",
+               "forwards a cell", *quality)  # fmt: skip
+    for col in columns:
         table.add_column(col, justify="right")
     for name in ("st3", "default"):
         arm = result[name]
+        adaptive = arm["sampler"] == "entropy"
+        how = f" (bound {arm['entropy_bound']:g})" if adaptive else f", {arm['time_grid']}"
+        sampler = arm["sampler"] + how
         table.add_row(
-            name, str(arm["steps"]), arm["time_grid"], str(arm["batch_size"]),
+            name, sampler, str(arm["steps"]), str(arm["batch_size"]),
             f"{arm['seconds']:.1f}", f"{arm['cells_per_s']:.3f}", str(arm["model_calls"]),
-            *(f"{arm['quality'][q]:.4f}" for q in quality),
+            f"{arm['forwards_per_cell']:.2f}", *(f"{arm['quality'][q]:.4f}" for q in quality),
         )  # fmt: skip
     table.caption = f"default / st3 cells/s: {result['speedup_cells_per_s']:.2f}x"
     return table

@@ -50,6 +50,8 @@ def test_bench_prints_and_writes_fp32_and_bf16_side_by_side(tmp_path, capsys):
     fp32, bf16 = case["results"]["fp32"], case["results"]["bf16"]
     # 2 steps, which leave no mask for the denoise: it runs no forward and is not counted
     assert fp32["forwards"] == bf16["forwards"] == 2
+    # what a cell cost: its 2 forwards, 32 of its 64 genes committed in each
+    assert fp32["forwards_per_cell"] == 2 and fp32["genes_per_forward"] == 32
     assert fp32["tokens_per_s"] == pytest.approx(fp32["cells_per_s"] * 64)
     ratio = case["ratios_vs_fp32"]["bf16"]["speedup_cells_per_s"]
     assert ratio == pytest.approx(bf16["cells_per_s"] / fp32["cells_per_s"])
