@@ -76,12 +76,13 @@ class Candidate:
 
 REFERENCE = Candidate("euler", 50)
 # what ``sedd calibrate`` tries by default: the entropy-bounded sampler at bounds and caps that
-# gave 6-10 forwards a cell on the bundled model, and uniform steps at as few
+# gave 6-11 forwards a cell on the bundled model, and uniform steps at as few
 DEFAULT_CANDIDATES = (
     Candidate("entropy", 8, 0.0),
+    Candidate("entropy", 16, 80.0),
+    Candidate("entropy", 16, 110.0),
+    Candidate("entropy", 16, 60.0),
     Candidate("entropy", 12, 80.0),
-    Candidate("entropy", 16, 100.0),
-    Candidate("entropy", 12, 60.0),
     Candidate("euler", 8),
     Candidate("euler", 10),
 )

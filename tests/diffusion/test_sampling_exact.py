@@ -141,7 +141,7 @@ def test_the_adaptive_sampler_at_bound_zero_draws_the_exact_joint(
     parametrisation: str, precision: str
 ):
     """At gamma = 0 one gene is committed a forward, drawn from its exact conditional: the law
-    is exact (no discretisation term), whatever the order the entropies choose."""
+    is exact (no discretisation term), whatever the order the genes are drawn in."""
     samples = draw_adaptive(parametrisation, precision, 0.0)
     assert int(samples.max()) < TOKENS
     bound = tv_bound(JOINT, SAMPLES, None, precision == "bf16")
