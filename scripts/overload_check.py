@@ -80,8 +80,22 @@ async def mixed(url: str, seconds: float, clients: int, seed: int) -> tuple[bool
         f"{len(answers)} requests: {dict(sorted(statuses.items()))}; slowest 200 "
         f"{slowest:.1f} s; 200s whose cells differ from a solo run: {len(wrong)}"
         + (f"; 504s: {', '.join(late)}" if late else "")
+        + f"; {_latencies(answers)}"
     )
     return passed, figures
+
+
+def _latencies(answers: list[tuple[dict, int, float, httpx.Response]]) -> str:
+    """p50 / p99 seconds of the 200s, short requests (1 cell) apart from the longer ones: a
+    short request must not wait for long ones to finish."""
+    parts = []
+    for name, keep in (("1 cell", lambda b: b["num_cells"] == 1),
+                       ("2-6 cells", lambda b: b["num_cells"] > 1)):  # fmt: skip
+        seconds = [s for b, status, s, _ in answers if status == 200 and keep(b)]
+        if seconds:
+            p50, p99 = np.percentile(seconds, [50, 99])
+            parts.append(f"{name} p50 {p50:.2f} s, p99 {p99:.2f} s ({len(seconds)})")
+    return "latency of 200s: " + "; ".join(parts)
 
 
 def _cells_differ(ok: list[tuple[dict, httpx.Response]]) -> list[dict]:

@@ -226,10 +226,13 @@ class Model:
         """``num_cells`` cells per condition.
 
         Sampling options, by keyword (every method takes them): the fields of
-        ``sedd.SamplingOptions``, ``steps``, ``time_grid``, ``sampler`` ("euler" or
-        "analytic"), ``temperature`` and ``seed``; or one ``sampling=SamplingOptions.resolve(...)``
-        value instead. ``steps`` and ``time_grid`` left out give the library's default schedule;
-        ``steps`` alone gives that many uniform steps (st3's schedule), see ``sedd.defaults``.
+        ``sedd.SamplingOptions``, ``steps``, ``time_grid``, ``sampler`` ("euler", "analytic" or
+        "entropy": entropy-bounded adaptive unmasking, ``steps`` its cap on forwards a cell),
+        ``entropy_bound``, ``temperature`` and ``seed``; or one
+        ``sampling=SamplingOptions.resolve(...)`` value instead. ``steps``, ``time_grid`` and
+        ``sampler`` left out give the model's default schedule (its ``calibration.json``, else
+        the library's); ``steps`` alone gives that many uniform Euler steps (st3's schedule),
+        see ``sedd.defaults``.
         An invalid option raises ``sedd.defaults.OptionError`` (a ``ValueError``) naming it.
         ``batch_size``: cells in flight (memory; never a cell). ``progress``: a progress bar of
         whole cells (None: shown in notebooks, IPython and terminals; every method takes it).

@@ -151,7 +151,9 @@ def measure(
     for rows in rows_in_flight:
         engine = Engine(sampler, limits, max_rows_per_forward=rows)
         cell_labels = None if labels is None else labels.expand(rows, *labels.shape[1:])
-        engine.submit(EngineJob(rows, SamplingOptions(ticks + 6, seed=0), labels=cell_labels))
+        # steps enough that no row finishes in the measured ticks (2 + ticks + 4): a finished
+        # job's one readback of its tokens is not a step's work
+        engine.submit(EngineJob(rows, SamplingOptions(ticks + 16, seed=0), labels=cell_labels))
         for _ in range(2):  # admission, then a first step
             engine.tick()
         if sampler.device.type == "cuda":
