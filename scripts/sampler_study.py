@@ -51,6 +51,8 @@ PLAN: list[tuple[str, int, float]] = [
     ("entropy", 16, 60.0),
     ("euler", 30, 0.0),
     ("entropy", 12, 80.0),
+    ("entropy", 16, 70.0),  # between the 8 and the 10.6 forwards of bounds 80 and 60
+    ("entropy", 16, 65.0),
 ]
 
 
@@ -270,6 +272,7 @@ def _print(rows: list[dict]) -> None:
 
 def _plot(rows: list[dict]) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -292,6 +295,9 @@ def _plot(rows: list[dict]) -> None:
                 label="uniform Euler steps" if sampler == "euler" else "entropy-bounded",
             )
         ax.set_xscale("log")
+        ax.set_xticks([6, 8, 10, 20, 30, 50])
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("forwards a cell")
         ax.set_title(figure.replace("_", " "), fontsize=9)
     axes[0].legend(fontsize=7)

@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         metavar="SPEC",
         help="a schedule to try, repeatable: euler:STEPS, analytic:STEPS or entropy:CAP:BOUND "
-        "(default: entropy at 8:0, 16:80, 16:110, 16:60, 12:80 and euler at 8 and 10 steps)",
+        "(default: entropy at 8:0, 16:80, 16:110, 16:60, 16:65, 16:70 and euler at 8, 10, 20 "
+        "and 30 steps)",
     )
     p.add_argument(
         "--precision",

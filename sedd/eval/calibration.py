@@ -76,15 +76,18 @@ class Candidate:
 
 REFERENCE = Candidate("euler", 50)
 # what ``sedd calibrate`` tries by default: the entropy-bounded sampler at bounds and caps that
-# gave 6-11 forwards a cell on the bundled model, and uniform steps at as few
+# gave 6-11 forwards a cell on the bundled model, and uniform steps from as few up to 30
 DEFAULT_CANDIDATES = (
     Candidate("entropy", 8, 0.0),
     Candidate("entropy", 16, 80.0),
     Candidate("entropy", 16, 110.0),
     Candidate("entropy", 16, 60.0),
-    Candidate("entropy", 12, 80.0),
+    Candidate("entropy", 16, 65.0),
+    Candidate("entropy", 16, 70.0),
     Candidate("euler", 8),
     Candidate("euler", 10),
+    Candidate("euler", 20),
+    Candidate("euler", 30),
 )
 
 
