@@ -76,11 +76,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _shown(path: Path) -> str:
+    """``path`` as a record shows it: relative to the working directory when inside it (the
+    record of a model in a checkout then holds no machine's paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _command(args: argparse.Namespace) -> str:
     """The command line that makes this calibration again (the run's own options)."""
-    words = ["sedd", "calibrate", "--data", str(args.data), "--seeds", str(args.seeds)]
+    words = ["sedd", "calibrate", "--data", _shown(args.data), "--seeds", str(args.seeds)]
     if args.model is not None:
-        words += ["--model", str(args.model)]
+        words += ["--model", _shown(args.model)]
     for candidate in args.candidate or []:
         words += ["--candidate", candidate]
     words += ["--precision", args.precision, "--work", str(args.work)]
@@ -120,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         {
             **found,
             "weights_sha256": loaded.file_hash,
-            "data": str(args.data),
+            "data": _shown(args.data),
             "command": _command(args),
         }
     )
