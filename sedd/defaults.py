@@ -1,11 +1,12 @@
 """Sampling defaults and names, in a module light enough for the CLI's parsers (no torch).
 
-``DEFAULT_STEPS`` on the ``DEFAULT_GRID`` is the fewest model forwards whose quality is within
-seed-to-seed noise of 50 uniform steps on the bundled model (``scripts/quality_vs_steps.py``;
-docs/quality.md, "Quality per forward"): 10 uniform steps, about 10.6 forwards a cell against
-50.8. 5 steps lose within-label structure, and the cosine grid was no better than the uniform one.
-``--steps N`` without a grid keeps st3's uniform grid, so st3 comparisons stay exact. A model
-that learned stronger dependence between genes may need more steps: measure it the same way.
+A request that names no schedule runs its model's own (``Schedule``: the model's
+``calibration.json``, written by ``sedd calibrate``; the bundled model carries one,
+entropy-bounded unmasking at 10.6 forwards a cell, docs/quality.md "Quality per forward on v2").
+A model without one runs ``LIBRARY_SCHEDULE``: ``DEFAULT_STEPS`` uniform Euler steps, chosen on
+the first bundled model (``scripts/quality_vs_steps.py``; within noise of 50 steps there, not on
+the model that learned stronger dependence between genes: calibrate a model before relying on
+it). ``--steps N`` without a grid keeps st3's uniform grid, so st3 comparisons stay exact.
 """
 
 from __future__ import annotations
