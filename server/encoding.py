@@ -97,10 +97,15 @@ def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: s
         time_grid=request.sampling.time_grid,
         sampler=request.sampling.sampler,
         temperature=request.sampling.temperature,
+        entropy_bound=request.sampling.entropy_bound
+        if request.sampling.sampler == "entropy"
+        else None,
         precision=service.precision_record(result.fp32_fallbacks),  # type: ignore[arg-type]
         queue_seconds=finite_or_zero(result.queue_seconds),
         compute_seconds=finite_or_zero(result.compute_seconds),
         forwards=int(result.forwards),
+        forwards_per_cell=finite_or_zero(result.forwards_per_cell),
+        genes_per_forward=finite_or_zero(result.genes_per_forward),
         checkpoint_sha256=service.loaded.file_hash,
         engine=engine_record(service.engine),  # type: ignore[arg-type]
     ).model_dump()
@@ -191,6 +196,8 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         "queue_seconds": finite_or_zero(result.queue_seconds),
         "compute_seconds": finite_or_zero(result.compute_seconds),
         "forwards": int(result.forwards),
+        "forwards_per_cell": finite_or_zero(result.forwards_per_cell),
+        "genes_per_forward": finite_or_zero(result.genes_per_forward),
         "fp32_fallbacks": int(result.fp32_fallbacks),
     }
     uns = run_provenance(

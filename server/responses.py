@@ -36,9 +36,16 @@ class ResponseMetadata(BaseModel):
     sampler: SamplerName
     temperature: float
     precision: PrecisionRecord
+    entropy_bound: float | None = Field(
+        default=None, description="sampler entropy only: its bound (nats); steps is its cap"
+    )
     queue_seconds: float
     compute_seconds: float
     forwards: int
+    forwards_per_cell: float = Field(description="model forwards a cell took, on average")
+    genes_per_forward: float = Field(
+        description="genes a cell drew from the mask per forward, on average"
+    )
     checkpoint_sha256: str
     engine: EngineRecord = Field(
         description="what the server's engine ran: rows and tokens of every model forward (its "
