@@ -35,6 +35,9 @@ def model_card_dict(loaded: LoadedModel) -> dict[str, Any]:
         "label_columns": config.label_columns,
         "provenance": config.provenance.model_dump(exclude={"training_args"}),
         "schema_version": config.schema_version,
+        # what a request that names no schedule runs (calibration.json, else the library's)
+        "default_schedule": loaded.schedule.record(),
+        "schedule_calibrated": loaded.calibrated,
     }
 
 
@@ -103,5 +106,8 @@ def model_card(loaded: LoadedModel) -> str:
         if value is not None:
             rows.append((label, str(value)))
     rows.append(("sha256", f"{loaded.file_hash} ({loaded.weights_file})"))
+    schedule = ", ".join(f"{key} {value}" for key, value in loaded.schedule.record().items())
+    where = "calibration.json" if loaded.calibrated else "the library's default"
+    rows.append(("default schedule", f"{schedule} ({where})"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
