@@ -26,6 +26,7 @@ import pandas as pd
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.defaults import LIBRARY_SCHEDULE, OPTION_NAMES, OptionError, Schedule, resolve_schedule
 from sedd.defaults import SamplingOptions as Sampling
+from sedd.diffusion.steps import check_step_kind
 from sedd.engine import EngineJob
 from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, Plan, plan
@@ -42,6 +43,7 @@ def to_request(body: SamplingOptions, loaded: LoadedModel, settings: Settings) -
     """The library's one request type for ``body``, within the server's limits: its sampling
     options first (``to_sampling``), then the cells it asks for and the model's names."""
     sampling = to_sampling(body, settings, loaded.schedule)
+    check_step_kind(sampling, loaded.graph)  # the sampler this model's graph can take
     match body:
         case GenerateRequest():
             return _generate(body, loaded, settings, sampling)

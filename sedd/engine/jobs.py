@@ -15,10 +15,10 @@ from typing import Literal, Protocol
 
 import torch
 
-from sedd.defaults import DEFAULT_BATCH_SIZE, OptionError, SamplingOptions
+from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.inputs import ModelLimits, check_inputs
-from sedd.diffusion.steps import step_kind
+from sedd.diffusion.steps import check_step_kind, step_kind
 
 Outcome = Literal["ok", "cancelled", "timeout", "error"]
 
@@ -173,13 +173,3 @@ def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
         labels=job.labels, cell_types=job.cell_types, x_init=job.x_init, fixed=job.fixed,
     )  # fmt: skip
 
-
-def check_step_kind(options: SamplingOptions, graph: Graph) -> None:
-    """Raise ``OptionError`` (naming ``sampler``) when the model's graph cannot take the kind of
-    step ``options`` asks for: an adaptive step unmasks, so it needs the absorbing graph."""
-    if step_kind(options.sampler).absorbing_only and not graph.absorb:
-        raise OptionError(
-            "sampler",
-            f"`sampler` {options.sampler!r} needs a model on the absorbing (masked) graph; this "
-            "model's graph is uniform: use euler or analytic.",
-        )

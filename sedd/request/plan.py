@@ -23,6 +23,7 @@ import torch
 
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
+from sedd.diffusion.steps import check_step_kind
 from sedd.engine import EngineJob
 from sedd.request.draws import check_n_samples, draw_cell_index
 from sedd.request.imputation import Imputation
@@ -304,6 +305,7 @@ class Plan:
 def plan(loaded: LoadedModel, request: GenerationRequest) -> Plan:
     """The one planning call: ``request`` validated, its names checked against ``loaded`` and
     its cells numbered. Raises ``ValueError`` (``UnknownLabelError`` for an unknown name, with
-    close matches) naming the field."""
+    close matches) naming the field; ``OptionError`` for a step kind the model cannot take."""
     request.validate()
+    check_step_kind(request.sampling, loaded.graph)
     return Plan(loaded, request, cell_plan(loaded, request))

@@ -12,10 +12,9 @@ from sedd.defaults import PREDICTORS, SamplingOptions
 from sedd.diffusion.graph import AbsorbingGraph, UniformGraph
 from sedd.diffusion.noise import GeometricNoise, LogLinearNoise
 from sedd.diffusion.sampling import Sampler, StepRows
-from sedd.diffusion.steps import STEP_NAMES, STEPS, kind_index, step_kind
+from sedd.diffusion.steps import STEP_NAMES, STEPS, check_step_kind, kind_index, step_kind
 from sedd.diffusion.steps.entropy_bounded import EntropyBoundedStep
 from sedd.engine import Engine, EngineJob, ModelLimits, run_jobs
-from sedd.engine.jobs import check_step_kind
 
 EB = EntropyBoundedStep()
 
@@ -138,3 +137,27 @@ def test_at_equal_forwards_the_adaptive_step_is_closer_to_the_exact_law() -> Non
     assert adaptive_tv < uniform_tv - 0.04, (adaptive_tv, uniform_tv)
     # and every cell is whole: no mask left, none beyond the cap
     assert int(adaptive.tokens.max()) < 2 and adaptive.genes_committed == 10 * cells
+
+
+def test_a_uniform_graph_model_refuses_the_adaptive_step_in_one_line_at_every_door() -> None:
+    from pathlib import Path
+
+    from server_client import make_settings
+
+    import sedd
+    from sedd.defaults import OptionError
+    from server.errors import FieldError
+    from server.intake import plan_body
+    from server.schemas import GenerateRequest
+
+    path = Path(__file__).parents[1] / "data" / "sedd_reference" / "uniform" / "hf"
+    with pytest.warns(UserWarning):  # the reference models have positional genes
+        model = sedd.load(path, precision="fp32")
+    needs = r"`sampler` .entropy. needs a model on the absorbing"
+    with pytest.raises(OptionError, match=needs) as err:
+        model.generate(2, sampler="entropy", progress=False)
+    assert err.value.field == "sampler"
+    body = GenerateRequest(num_cells=2, sampler="entropy")
+    with pytest.raises(FieldError) as refused:
+        plan_body(model.loaded, make_settings(path), body)
+    assert refused.value.loc == ["body", "sampler"]

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from sedd.defaults import OptionError, SamplingOptions
+from sedd.diffusion.graph import Graph
 from sedd.diffusion.step_rows import StepBranches, StepRows
 from sedd.diffusion.steps.analytic import AnalyticStep
 from sedd.diffusion.steps.base import ReverseStep, StepTimes
@@ -26,6 +28,7 @@ __all__ = [
     "STEP_NAMES",
     "ReverseStep",
     "StepTimes",
+    "check_step_kind",
     "kind_index",
     "kinds_in",
     "per_kind",
@@ -45,6 +48,17 @@ def kind_index(name: str) -> int:
 def step_kind(name: str) -> ReverseStep:
     """The step kind called ``name``."""
     return STEPS[kind_index(name)]
+
+
+def check_step_kind(options: SamplingOptions, graph: Graph) -> None:
+    """Raise ``OptionError`` (naming ``sampler``) when the model's graph cannot take the kind of
+    step ``options`` asks for: an adaptive step unmasks, so it needs the absorbing graph."""
+    if step_kind(options.sampler).absorbing_only and not graph.absorb:
+        raise OptionError(
+            "sampler",
+            f"`sampler` {options.sampler!r} needs a model on the absorbing (masked) graph; this "
+            "model's graph is uniform: use euler or analytic.",
+        )
 
 
 def kinds_in(branches: StepBranches) -> list[tuple[int, ReverseStep]]:
