@@ -210,6 +210,23 @@ def test_four_shards_merged_equal_one_shard_run_cell_for_cell(
     assert (out_dir / "shards" / "shard-00002-of-00004.h5ad").stat().st_mtime_ns == before
 
 
+def test_adaptive_cells_sharded_and_merged_equal_a_one_file_run(model: Path, tmp_path: Path):
+    """The entropy-bounded sampler's cells finish at different forwards; sharded, each in
+    other batches, they are still the one-file run's, and each shard reports their cost."""
+    adaptive = ("--perturbations", *PERTURBATIONS, "--sampler", "entropy", "--entropy-bound", "20")
+    one = tmp_path / "one.h5ad"
+    assert _predict(model, *adaptive, "--out", str(one), batch=7) == 0
+    out_dir = tmp_path / "run"
+    for k in range(3):
+        shard = ("--num-shards", "3", "--shard-index", str(k), "--out-dir", str(out_dir))
+        assert _predict(model, *adaptive, *shard, batch=2) == 0
+    assert main(["merge", str(out_dir), "--out", str(tmp_path / "merged.h5ad")]) == 0
+    _assert_same_cells(one, tmp_path / "merged.h5ad")
+    assert anndata.read_h5ad(one).uns["sedd"]["entropy_bound"] == 20.0
+    entry = json.loads((out_dir / "shards" / "shard-00000-of-00003.json").read_text())
+    assert 1 <= entry["timings"]["forwards_per_cell"] <= 3  # --steps 3 is the cap
+
+
 class _Killed(BaseException):
     """Stands in for a kill (SIGINT/SIGTERM reach Python as BaseExceptions): the engine lets
     it through, as it would KeyboardInterrupt."""
