@@ -144,8 +144,9 @@ class SamplingOptions:
     """
 
     steps: int = field(default=DEFAULT_STEPS, metadata=_about(
-        "reverse steps (default: the library's tuned schedule, see docs/quality.md's "
-        "'Quality per forward'; --steps alone keeps st3's uniform grid)",
+        "reverse steps; for --sampler entropy, the most forwards a cell takes (default: the "
+        "model's schedule, its calibration.json, else 10 uniform steps; --steps alone gives "
+        "st3's uniform Euler steps)",
         "--num-steps",
     ))  # fmt: skip
     time_grid: TimeGrid = field(default=DEFAULT_GRID, metadata=_about(
