@@ -130,8 +130,8 @@ class Sampler:
     """The reverse step over a score model (see ``sedd.models.st3`` for the protocol).
 
     ``predictor`` is the default Euler or analytic (Tweedie) step of rows that do not choose
-    (``StepRows.kind`` chooses per row, ``sedd.diffusion.steps``). ``use_amp``/``amp_dtype`` follow st3's constructor;
-    ``precision`` (a resolved ``PrecisionPolicy``) overrides them. ``cuda_graphs`` replays each
+    (``StepRows.kind`` chooses per row, ``sedd.diffusion.steps``). ``use_amp``/``amp_dtype``
+    follow st3's constructor; ``precision`` (a resolved ``PrecisionPolicy``) overrides them. ``cuda_graphs`` replays each
     fixed-shape block step from a captured CUDA graph (CUDA only; eager elsewhere).
     """
 
