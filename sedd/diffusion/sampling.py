@@ -131,8 +131,9 @@ class Sampler:
 
     ``predictor`` is the default Euler or analytic (Tweedie) step of rows that do not choose
     (``StepRows.kind`` chooses per row, ``sedd.diffusion.steps``). ``use_amp``/``amp_dtype``
-    follow st3's constructor; ``precision`` (a resolved ``PrecisionPolicy``) overrides them. ``cuda_graphs`` replays each
-    fixed-shape block step from a captured CUDA graph (CUDA only; eager elsewhere).
+    follow st3's constructor; ``precision`` (a resolved ``PrecisionPolicy``) overrides them.
+    ``cuda_graphs`` replays each fixed-shape block step from a captured CUDA graph (CUDA only;
+    eager elsewhere).
     """
 
     predictor: Predictor = "euler"
