@@ -137,6 +137,7 @@ def _seed_figures(report_inputs, counts: np.ndarray, labels: list[str]) -> dict:
 def report() -> None:
     from sedd.api import load
     from sedd.defaults import BUNDLED_DATA
+    from sedd.eval.calibration import worse_figures
     from sedd.eval.markers import default_marker_sets
     from sedd.eval.quality import HeldOut
     from sedd.eval.quality_report import LabelledCounts, quality_report
@@ -195,7 +196,7 @@ def report() -> None:
         )
     base = next((r for r in rows if (r["sampler"], r["steps"]) == REFERENCE[:2]), None)
     for row in rows:
-        row["worse_than_reference"] = [] if base is None else _worse(row, base)
+        row["worse_than_reference"] = [] if base is None else worse_figures(row, base, WORSE)
         row["within_noise"] = (
             base is not None and row["seeds"] >= 2 and not row["worse_than_reference"]
         )
@@ -225,19 +226,6 @@ def _train_labels(genes: list[str]) -> list[str]:
     adata = read_counts(BUNDLED_DATA)
     train = adata[adata.obs["split"].astype(str) == "train"]
     return [str(v) for v in train.obs["bulk_labels"]]
-
-
-def _worse(row: dict, base: dict) -> list[str]:
-    """The figures on which ``row`` is worse than ``base`` by more than 2 standard errors."""
-    worse = []
-    for figure, sign in WORSE.items():
-        if figure not in row["mean"] or figure not in base["mean"]:
-            continue
-        sd_row, sd_base = row["sd"][figure] or 0.0, base["sd"][figure] or 0.0
-        se = np.sqrt(sd_row**2 / row["seeds"] + sd_base**2 / base["seeds"])
-        if sign * (row["mean"][figure] - base["mean"][figure]) > 2 * se:
-            worse.append(figure)
-    return worse
 
 
 def _print(rows: list[dict]) -> None:

@@ -26,7 +26,6 @@ import pandas as pd
 from sedd.checkpoints import LoadedModel, UnknownLabelError
 from sedd.defaults import LIBRARY_SCHEDULE, OPTION_NAMES, OptionError, Schedule, resolve_schedule
 from sedd.defaults import SamplingOptions as Sampling
-from sedd.diffusion.steps import check_step_kind
 from sedd.engine import EngineJob
 from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, Plan, plan
@@ -43,7 +42,6 @@ def to_request(body: SamplingOptions, loaded: LoadedModel, settings: Settings) -
     """The library's one request type for ``body``, within the server's limits: its sampling
     options first (``to_sampling``), then the cells it asks for and the model's names."""
     sampling = to_sampling(body, settings, loaded.schedule)
-    check_step_kind(sampling, loaded.graph)  # the sampler this model's graph can take
     match body:
         case GenerateRequest():
             return _generate(body, loaded, settings, sampling)
@@ -202,11 +200,12 @@ def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) ->
         raise ModelNotServed(body.model, loaded.path.name)
     try:
         request = to_request(body, loaded, settings)
+        # planning checks the options against the model too (a sampler its graph cannot take)
+        planned = _plan(loaded, request, _names_loc(body))
     except OptionError as err:  # the one place a sampling option's error gets its loc
         field = err.field
         raise FieldError(["body", field], str(err), input=getattr(body, field, None)) from None
     timeout = _timeout(body, settings)
-    planned = _plan(loaded, request, _names_loc(body))
     job = planned.all_draws_job(deadline=time.monotonic() + timeout)
     return PlannedJob(planned, job, body, timeout)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,17 +164,22 @@ def summarise(candidate: Candidate, sets: Sequence[ScoredSet]) -> dict[str, Any]
     }
 
 
-def worse_figures(row: dict[str, Any], base: dict[str, Any]) -> list[str]:
+def worse_figures(
+    row: dict[str, Any], base: dict[str, Any], directions: Mapping[str, int] = WORSE
+) -> list[str]:
     """The figures on which ``row`` is worse than ``base`` by more than 2 standard errors of
-    the difference of their means over seeds (every figure, with fewer than 2 seeds)."""
+    the difference of their means over seeds (every figure, with fewer than 2 seeds).
+    ``directions``: each figure and the sign in which it gets worse; a figure either lacks is
+    skipped."""
     if row["seeds"] < 2 or base["seeds"] < 2:
-        return list(FIGURES)
+        return list(directions)
     worse = []
-    for figure in FIGURES:
-        se = math.sqrt(
-            row["sd"][figure] ** 2 / row["seeds"] + base["sd"][figure] ** 2 / base["seeds"]
-        )
-        if WORSE[figure] * (row["mean"][figure] - base["mean"][figure]) > 2 * se:
+    for figure, sign in directions.items():
+        if figure not in row["mean"] or figure not in base["mean"]:
+            continue
+        sd_row, sd_base = row["sd"][figure] or 0.0, base["sd"][figure] or 0.0
+        se = math.sqrt(sd_row**2 / row["seeds"] + sd_base**2 / base["seeds"])
+        if sign * (row["mean"][figure] - base["mean"][figure]) > 2 * se:
             worse.append(figure)
     return worse
 
