@@ -58,7 +58,7 @@ def _apply_model_names(prop: Any, config: ModelConfig) -> None:
     for model in ("GenerateRequest", "PredictRequest", "ImputeRequest"):
         condition, cell_type = prop(model, "condition"), prop(model, "cell_type")
         if condition is not None and names is not None:
-            _non_null(condition)["enum"] = list(names)
+            _non_null(condition)["enum"] = [name for name in names if name is not None]
         if cell_type is not None and cell_types:
             _non_null(cell_type)["enum"] = list(cell_types)
         elif cell_type is not None:  # a model without cell types takes none

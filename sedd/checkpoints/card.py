@@ -72,7 +72,7 @@ def model_card(loaded: LoadedModel) -> str:
         ),
     ]
     if config.num_perturbations:
-        names = config.perturbations
+        names = loaded.conditions if config.perturbations is not None else None
         text = f"{len(names)}: {_preview(names)}" if names else "indices only (no names)"
         rows.append((f"{loaded.label_word}s", text))
         if config.label_kind == "perturbation":

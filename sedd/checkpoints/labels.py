@@ -29,6 +29,8 @@ from sedd.checkpoints.loaded import SourceParts
 from sedd.checkpoints.schema import ModelConfig
 
 __all__ = [
+    "index_map_names",
+    "label_file_kind",
     "names_from_mapping",
     "read_gene_list",
     "read_label_mapping",
@@ -155,28 +157,125 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def read_label_mapping(path: str | Path, expected: int, kind: str = "perturbation") -> list[str]:
-    """Names by index from JSON ({name: index} or [names]), text (line i = index i) or .pt."""
-    path = require_file(Path(path), f"{kind} mapping")
+def _scalar_index(value: Any) -> int | None:
+    """``value`` as a label index when it is one (an int, or a 0-d integer tensor), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        return int(value)
+    return None
+
+
+def label_file_kind(path: str | Path) -> str:
+    """What a ``{name: ...}`` label file holds: ``"indices"`` (``{name: int}``, DCM's scalar
+    conditional labels), ``"vectors"`` (``{name: tensor}``, e.g. ESM2) or ``"names"`` (anything
+    else: a list, or text). Only ``.pt``/``.pth``/``.json``/``.safetensors`` files are opened."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return "vectors"
+    if path.suffix not in (".pt", ".pth", ".json"):
+        return "names"
+    data = _read_mapping_file(require_file(path, "label file"))
+    if isinstance(data, dict) and data:
+        values = list(data.values())
+        if all(_scalar_index(v) is not None for v in values):
+            return "indices"
+        if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
+            return "vectors"
+    return "names"
+
+
+def _read_mapping_file(path: Path) -> Any:
     if path.suffix in (".pt", ".pth"):
-        mapping = read_torch_file(path)
-    elif path.suffix == ".json":
+        return read_torch_file(path)
+    if path.suffix == ".json":
         try:
-            mapping = json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
+            return json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
         except ValueError as err:  # JSONDecodeError is a ValueError too
             raise CheckpointError(f"{path}: {err}; each label must appear once.") from None
-    else:
-        lines = path.read_text().splitlines()
-        while lines and not lines[-1].strip():
-            lines.pop()
-        mapping = [line.strip() for line in lines]
-        if "" in mapping:
+    lines = path.read_text().splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    names = [line.strip() for line in lines]
+    if "" in names:
+        raise CheckpointError(
+            f"{path} has an empty line {names.index('') + 1}; line i must name label index i."
+        )
+    return names
+
+
+def index_map_names(
+    mapping: dict[Any, Any], expected: int, file: Path, kind: str
+) -> list[str | None]:
+    """``{name: index}`` as training used it (DCM's scalar label files): names by index, ``None``
+    where no name has that index. Names mapped to -1 (absent when the file was built) are left
+    out; two names on one index, or an index outside the model's rows, are refused."""
+    by_index: dict[int, str] = {}
+    for name, value in mapping.items():
+        index = _scalar_index(value)
+        if index is None:
             raise CheckpointError(
-                f"{path} has an empty line {mapping.index('') + 1}; line i must name label index i."
+                f"{file}: {kind} {name!r} maps to {value!r}; a label index file maps every name "
+                "to an integer. Pass the file training used."
             )
+        if index == -1:
+            continue  # DCM writes -1 for a name it did not find: it has no row
+        if not 0 <= index < expected:
+            raise CheckpointError(
+                f"{file}: {kind} {name!r} has index {index}, but the model has {expected} "
+                f"{kind} rows (0..{expected - 1}); pass the index file this checkpoint was "
+                "trained with."
+            )
+        if index in by_index:
+            raise CheckpointError(
+                f"{file}: {kind}s {by_index[index]!r} and {name!r} share index {index}; each "
+                "index must name one label."
+            )
+        by_index[index] = str(name)
+    if not by_index:
+        raise CheckpointError(f"{file} gives no {kind} a usable index (all are -1).")
+    return [by_index.get(i) for i in range(expected)]
+
+
+def read_label_mapping(
+    path: str | Path, expected: int, kind: str = "perturbation", control: str | None = None
+) -> list[str | None]:
+    """Names by index (``None`` for an index no name uses).
+
+    - ``{name: index}`` (JSON or ``.pt``; DCM's scalar label files, -1 = absent): the indices as
+      given; gaps are allowed, two names on one index are not;
+    - a list (JSON, ``.pt``, or text: one name a line): line i names index i. st3's scripts read
+      such a list as "the control is index 0, the others follow in order", which agrees only
+      when the control comes first; with ``control`` given and listed elsewhere the list is
+      refused, since no order can be proven to match training.
+    """
+    path = require_file(Path(path), f"{kind} mapping")
+    mapping = _read_mapping_file(path)
     if isinstance(mapping, list | tuple):
-        return _names_from_list(list(mapping), expected, path, kind)
-    return names_from_mapping(mapping, expected, path, kind)
+        names = _names_from_list(list(mapping), expected, path, kind)
+        if control is not None and control in names and names[0] != control:
+            raise CheckpointError(
+                f"{path} lists the control {control!r} on line {names.index(control) + 1}, not "
+                f"first: st3 gives the control index 0 and the others the next indices in list "
+                f"order, so each name's index is ambiguous. Put {control!r} first if training "
+                "did, or pass the {name: index} file training used (DCM: its cond_labels_pt_path)."
+            )
+        return list(names)
+    if isinstance(mapping, dict) and mapping and all(
+        isinstance(v, torch.Tensor) and v.dim() == 1 for v in mapping.values()
+    ):
+        raise CheckpointError(
+            f"{path} maps names to vectors, not to label indices: pass it as the model's "
+            "perturbation vectors (--vectors; st3 scripts: --cond_labels_pt_path)."
+        )
+    if not isinstance(mapping, dict) or not mapping:
+        raise CheckpointError(
+            f"{path} must hold {kind} names by index: a list (line i names index i) or a "
+            f"{{name: index}} mapping, found {type(mapping).__name__}."
+        )
+    return index_map_names(mapping, expected, path, kind)
 
 
 def read_vectors(path: str | Path, dim: int) -> dict[str, torch.Tensor]:
@@ -206,10 +305,16 @@ def with_label_files(
     genes: str | Path | None = None,
     perturbations: str | Path | None = None,
     vectors: str | Path | None = None,
+    index_file: str | Path | None = None,
     warn_positional: bool = True,
     genes_beside_checkpoint: bool = False,
 ) -> SourceParts:
     """Apply side files to ``parts.config``; note (for a warning) what stays unnamed.
+
+    ``index_file``: a ``{name: index}`` file training used (DCM's ``cond_labels_pt_path`` with
+    scalar labels). It names the labels and wins over a name list in ``perturbations``, whose
+    order is then not used (a note says so where the two disagree). A ``vectors`` file that
+    holds indices rather than vectors is taken as the index file.
 
     ``genes_beside_checkpoint``: ``genes`` was not given but found next to the checkpoint (st3's
     ``genes.json``), so its errors say how to fix or override it. The gene file is recorded in
@@ -238,6 +343,10 @@ def with_label_files(
             f"{parts.weights_file} holds an unconditional model; it takes no perturbation "
             "labels, so leave out --perturbation-map / --vectors."
         )
+    if perturbations is not None and label_file_kind(perturbations) == "indices":
+        index_file, perturbations = perturbations, None  # an explicit index file wins
+    if vectors is not None and label_file_kind(vectors) == "indices":
+        index_file, vectors = index_file or vectors, None  # DCM: scalar conditional labels
     if vectors is not None:
         if not vector_dim:
             raise CheckpointError(
@@ -246,9 +355,19 @@ def with_label_files(
             )
         new_vectors = read_vectors(vectors, vector_dim)
         update["perturbation_vectors"] = True
-    if perturbations is not None:
-        names = read_label_mapping(perturbations, config.num_perturbations)
-        update["perturbations"] = names
+    if index_file is not None:
+        update["perturbations"] = read_label_mapping(index_file, config.num_perturbations)
+        update["provenance"] = update.get("provenance", config.provenance).model_copy(
+            update={"labels_file": str(index_file)}
+        )
+        if perturbations is not None:
+            notes += _list_beside_index_file(
+                perturbations, update["perturbations"], index_file, config.control_label
+            )
+    elif perturbations is not None:
+        update["perturbations"] = read_label_mapping(
+            perturbations, config.num_perturbations, control=config.control_label
+        )
     control = config.control_label
     names = update.get("perturbations", config.perturbations)
     vector_names = list(new_vectors or {})
@@ -263,6 +382,32 @@ def with_label_files(
         )
     new_config = ModelConfig.model_validate(config.model_copy(update=update).model_dump())
     return dataclasses.replace(parts, config=new_config, vectors=new_vectors, notes=notes)
+
+
+def _list_beside_index_file(
+    listed_file: str | Path, names: list[str | None], index_file: str | Path, control: str | None
+) -> list[str]:
+    """A note when a name list was given beside the index file: its order is not used, and
+    where st3's reading of it (control 0, the others in order) would give another index."""
+    try:
+        data = _read_mapping_file(Path(listed_file))
+    except (CheckpointError, OSError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, list):
+        return []
+    listed = [str(n) for n in data]
+    order = ([control] if control in listed else []) + [n for n in listed if n != control]
+    index = {name: i for i, name in enumerate(names) if name is not None}
+    moved = [(n, i, index[n]) for i, n in enumerate(order) if n in index and index[n] != i]
+    unknown = [n for n in listed if n not in index]
+    note = f"{listed_file}: its order is not used; {index_file} gives each name its index"
+    if moved:
+        name, by_order, by_file = moved[0]
+        note += (f" (by list order {name!r} would be index {by_order}, the index file says "
+                 f"{by_file}; {len(moved)} names differ)")  # fmt: skip
+    if unknown:
+        note += f"; not in the index file, so not usable: {unknown[:5]}"
+    return [note + "."]
 
 
 class PositionalGenesWarning(UserWarning):

@@ -85,7 +85,7 @@ class LoadedModel:
         if not self.conditional:
             return []
         if self.config.perturbations is not None:
-            return list(self.config.perturbations)
+            return [name for name in self.config.perturbations if name is not None]
         return list(self.perturbation_vectors or {})
 
     @property
@@ -102,7 +102,7 @@ class LoadedModel:
         if name in names:
             return names.index(name)
         hint = "Pass the training label mapping with --perturbation-map FILE."
-        raise UnknownLabelError(name, self.label_word, names, hint)
+        raise UnknownLabelError(name, self.label_word, self.conditions, hint)
 
     @property
     def label_word(self) -> str:

@@ -191,7 +191,7 @@ def probe_batch(
     x = loaded.graph.sample_transition(clean, sigma[:, None], generator=gen)  # (B, L)
     labels = cell_types = None
     vectors = loaded.perturbation_vectors
-    known = list(vectors) if vectors is not None else cfg.perturbations
+    known = list(vectors) if vectors is not None else (loaded.conditions or None)
     if known is not None:
         if names is None:
             names = [known[i] for i in torch.randint(len(known), (n,), generator=gen).tolist()]

@@ -140,13 +140,15 @@ def test_gene_list_of_the_wrong_length(tmp_path: Path) -> None:
     ("name", "text", "message"),
     [
         ("dup_name.json", '{"a": 0, "b": 1, "a": 2, "c": 3, "d": 4}', r"more than once: \['a'\]"),
-        ("dup_index.json", '{"a": 0, "b": 1, "c": 1, "d": 3, "e": 4}', r"1: \['b', 'c'\]"),
+        ("dup_index.json", '{"a": 0, "b": 1, "c": 1, "d": 3, "e": 4}', r"'b' and 'c' share"),
         (
-            "skip.json",
+            "range.json",
             '{"a": 0, "b": 1, "c": 3, "d": 4, "e": 5}',
-            r"skipped: \[2\], out of range: \[5\]",
+            r"'e' has index 5, but the model has 5 perturbation rows \(0\.\.4\)",
         ),
-        ("short.json", '{"a": 0, "b": 1}', r"skipped: \[2, 3, 4\]"),
+        ("none.json", '{"a": -1, "b": -1}', r"gives no perturbation a usable index"),
+        ("float.json", '{"a": 0, "b": 1.5}', r"'b' maps to 1\.5"),
+        ("ctl_late.txt", "a\nnon-targeting\nb\nc\nd\n", r"control 'non-targeting' on line 2"),
         ("dup_line.txt", "a\nb\na\nc\nd\n", r"more than once: \['a'\]"),
         ("short.txt", "a\nb\nc\n", r"lists 3 perturbation names but the model has 5"),
     ],
@@ -167,3 +169,71 @@ def test_bad_vectors_and_labels_for_unconditional_models(tmp_path: Path) -> None
     (tmp_path / "p.txt").write_text("a\n")
     with pytest.raises(CheckpointError, match="unconditional model"):
         load_checkpoint(ST3 / "tiny_mlm", perturbations=tmp_path / "p.txt")
+
+
+def _dcm_experiment(tmp_path: Path, **args: object) -> Path:
+    """tiny_pert laid out as DCM's release writes it: args.json names cond_labels_pt_path."""
+    exp = tmp_path / "dcm"
+    exp.mkdir()
+    (exp / "final.pt").write_bytes((ST3 / "tiny_pert" / "final.pt").read_bytes())
+    base = json.loads((ST3 / "tiny_pert" / "args.json").read_text())
+    (exp / "args.json").write_text(json.dumps(base | args))
+    return exp
+
+
+def test_dcm_index_file_named_by_args_json_gives_each_name_its_index(tmp_path: Path) -> None:
+    # DCM's scalar labels: {name: int}; a name absent from the data maps to -1 (no row).
+    torch.save(
+        {"PBS": 0, "IFNG": torch.tensor(3), "IL2": 1, "TNF": -1, "IL6": 4},
+        tmp_path / "cytokines.pt",
+    )
+    exp = _dcm_experiment(tmp_path, cond_labels_pt_path=str(tmp_path / "cytokines.pt"),
+                          control_name="PBS")  # fmt: skip
+    loaded = load_checkpoint(exp)
+    assert loaded.config.perturbations == ["PBS", "IL2", None, "IFNG", "IL6"]
+    assert loaded.conditions == ["PBS", "IL2", "IFNG", "IL6"]
+    assert loaded.perturbation_labels(["IFNG", "PBS", "IL6"]).tolist() == [3, 0, 4]
+    assert loaded.config.control_label == "PBS"
+    assert loaded.config.provenance.labels_file == str(tmp_path / "cytokines.pt")
+    with pytest.raises(UnknownLabelError, match="TNF"):
+        loaded.perturbation_labels(["TNF"])
+
+
+def test_a_name_list_beside_the_index_file_never_reorders_it(tmp_path: Path) -> None:
+    torch.save({"PBS": 0, "IL2": 4, "IFNG": 1, "IL6": 2, "IL10": 3}, tmp_path / "labels.pt")
+    (tmp_path / "all.txt").write_text("PBS\nIL2\nIFNG\nIL6\nIL10\n")  # list order: IL2 = 1
+    exp = _dcm_experiment(tmp_path, cond_labels_pt_path=str(tmp_path / "labels.pt"),
+                          control_name="PBS")  # fmt: skip
+    with pytest.warns(UserWarning, match=r"its order is not used.*'IL2' would be index 1, the "
+                      r"index file says 4"):  # fmt: skip
+        loaded = load_checkpoint(exp, perturbations=tmp_path / "all.txt")
+    assert loaded.label_index("IL2") == 4
+    assert loaded.label_index("IFNG") == 1
+
+
+def test_an_index_file_passed_as_vectors_is_read_as_indices(tmp_path: Path) -> None:
+    torch.save({"non-targeting": 0, "GENE_B": 2, "GENE_A": 1, "GENE_D": 4, "GENE_C": 3},
+               tmp_path / "idx.pt")  # fmt: skip
+    loaded = load_checkpoint(ST3 / "tiny_pert", vectors=tmp_path / "idx.pt")
+    assert loaded.perturbation_vectors is None
+    assert loaded.label_index("GENE_D") == 4
+
+
+def test_a_vector_file_is_not_a_label_mapping(tmp_path: Path) -> None:
+    torch.save({f"P{i}": torch.zeros(16) for i in range(5)}, tmp_path / "vec.pt")
+    with pytest.raises(CheckpointError, match="maps names to vectors, not to label indices"):
+        load_checkpoint(ST3 / "tiny_pert", perturbations=tmp_path / "vec.pt")
+
+
+def test_the_release_all_perturbations_file_names_labels_when_control_is_first(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "all.txt").write_text("PBS\nIL2\nIFNG\nIL6\nIL10\n")
+    exp = _dcm_experiment(tmp_path, all_perturbations_file=str(tmp_path / "all.txt"),
+                          control_name="PBS")  # fmt: skip
+    (exp / "perturbation_names_all.txt").unlink(missing_ok=True)
+    loaded = load_checkpoint(exp)
+    assert loaded.conditions == ["PBS", "IL2", "IFNG", "IL6", "IL10"]
+    (tmp_path / "all.txt").write_text("IL2\nPBS\nIFNG\nIL6\nIL10\n")
+    with pytest.raises(CheckpointError, match=r"control 'PBS' on line 2, not first"):
+        load_checkpoint(exp)
