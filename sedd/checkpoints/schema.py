@@ -10,7 +10,7 @@ written still loads. A new field must get a default (or a migration step that fi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
@@ -171,6 +171,8 @@ class Provenance(BaseModel):
     # the side file the gene names were read from (--genes, or st3's genes.json beside the
     # checkpoint) when the model was loaded or converted; None: no file named them
     genes_file: str | None = None
+    # the {name: index} file the perturbation indices were read from (DCM's scalar labels)
+    labels_file: str | None = None
 
 
 def _arch_kind(value: Any) -> str:
@@ -202,7 +204,9 @@ class ModelConfig(_Strict):
     tokens: TokenConfig
     genes: list[str]  # model order: genes[i] is sequence position i
     genes_by_position: bool = False  # True when no gene list was given and genes are "0".."G-1"
-    perturbations: list[str] | None = None  # perturbations[i] is label index i
+    # perturbations[i] is label index i; None where no name has that index (a {name: index}
+    # file with gaps, as DCM writes when a label file covers more rows than names)
+    perturbations: list[str | None] | None = None
     control_label: str | None = None
     perturbation_vectors: bool = False  # perturbation_vectors.safetensors holds name -> vector
     cell_types: list[str] | None = None  # cell_types[i] is cell-type index i
@@ -319,10 +323,14 @@ class ModelConfig(_Strict):
         return 0
 
 
-def _check_names(field: str, names: list[str], expected: int) -> None:
+def _check_names(field: str, names: Sequence[str | None], expected: int) -> None:
     if len(names) != expected:
         raise ValueError(f"`{field}` must list {expected} names (the model's), got {len(names)}.")
-    repeated = [name for name, n in Counter(names).items() if n > 1]
+    if None in names and field != "perturbations":
+        raise ValueError(f"`{field}` must name every index; entry {names.index(None)} is null.")
+    if all(name is None for name in names):
+        raise ValueError(f"`{field}` must name at least one index; all are null.")
+    repeated = [name for name, n in Counter(names).items() if n > 1 and name is not None]
     if repeated:
         raise ValueError(f"`{field}` names must be unique; repeated: {repeated[:10]}.")
 

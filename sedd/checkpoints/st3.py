@@ -31,6 +31,7 @@ from sedd.checkpoints.io import (
     strip_wrapper_prefixes,
 )
 from sedd.checkpoints.labels import (
+    label_file_kind,
     names_from_mapping,
     read_gene_list,
     read_label_mapping,
@@ -187,11 +188,19 @@ def load_st3(
     def default(names: tuple[str, ...]) -> Path | None:
         return next((exp_dir / n for n in names if (exp_dir / n).is_file()), None)
 
+    index_file = None
     if isinstance(arch, ST3PerturbationArch):
-        perturbations = perturbations or default(_NAME_FILES)
-        if vectors is None and arch.precomputed_emb_dim:
-            vectors = _resolve(args.get("cond_labels_pt_path"), exp_dir) or default(
-                ("protein_embeddings.pt",)
+        # The label file training read (args.json's cond_labels_pt_path): {name: vector} for a
+        # vector-conditioned model, {name: index} for DCM's scalar labels. An index file fixes
+        # every name's index, so a name list can never reorder them.
+        named = _resolve(args.get("cond_labels_pt_path"), exp_dir)
+        if named is not None and label_file_kind(named) == "indices":
+            index_file = named
+        elif vectors is None and arch.precomputed_emb_dim:
+            vectors = named or default(("protein_embeddings.pt",))
+        if perturbations is None and index_file is None:
+            perturbations = default(_NAME_FILES) or _resolve(
+                args.get("all_perturbations_file"), exp_dir
             )
     gene_file = genes or default(_GENE_FILES)
     return with_label_files(
@@ -199,6 +208,7 @@ def load_st3(
         genes=gene_file,
         perturbations=perturbations,
         vectors=vectors,
+        index_file=index_file,
         genes_beside_checkpoint=genes is None and gene_file is not None,
     )
 
@@ -273,7 +283,11 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _resolve(value: Any, base: Path) -> Path | None:
+    """A file args.json names: relative to the experiment directory, else to the working
+    directory (where training ran, as DCM's and st3's job scripts do)."""
     if not isinstance(value, str) or not value:
         return None
-    path = Path(value) if Path(value).is_absolute() else base / value
-    return path if path.is_file() else None
+    for path in (Path(value) if Path(value).is_absolute() else base / value, Path(value)):
+        if path.is_file():
+            return path
+    return None
