@@ -20,18 +20,21 @@ nor ``--perturbations`` for ``--perturbations_file``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sedd.defaults import CELLS_PER_PERTURBATION
+from sedd.defaults import CELLS_PER_PERTURBATION, PREDICTORS
 
-Script = Literal["conditional", "generation", "perturbseq"]
+Script = Literal["conditional", "generation", "perturbseq", "imputation"]
 COND: frozenset[Script] = frozenset({"conditional", "perturbseq"})
 GEN: frozenset[Script] = frozenset({"generation"})
 ALL: frozenset[Script] = COND | GEN
+PERTURBSEQ: frozenset[Script] = frozenset({"perturbseq"})
+IMPUTATION: frozenset[Script] = frozenset({"imputation"})  # its own rows, at the end
 ST3_SEED = 42  # st3's scripts: `--seed` default 42 (and the YAML's other.seed)
 
 
@@ -74,8 +77,12 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
     St3Flag(
         "--perturbations_all_file",
         COND,
-        _path("every perturbation in training order: control is index 0, the others follow"),
-        (("inference", "perturbations_all_file"),),
+        _path(
+            "every perturbation in training order: control is index 0, the others follow "
+            "(where the model has a {name: index} file, that file gives the indices; job "
+            "scripts: PERTURBATIONS_ALL_FILE)"
+        ),
+        (("inference", "perturbations_all_file"), ("data", "all_perturbations_file")),
     ),
     St3Flag(
         "--perturbations",
@@ -176,6 +183,55 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
         {"action": "store_true", "help": "then run `sedd evaluate` against --test_data_path"},
     ),
     St3Flag(
+        "--sampler",
+        ALL,
+        {
+            "choices": list(PREDICTORS),
+            "default": "euler",
+            "help": "reverse step: euler (st3's), analytic (DCM's configs) or entropy",
+        },
+        (("inference", "sampler"),),
+    ),
+    St3Flag(
+        "--batch_size",
+        ALL,
+        {"type": int, "default": 64, "help": "cells in flight (default 64; never changes a cell)"},
+        (("inference", "batch_size"),),
+    ),
+    St3Flag(
+        "--num_batches",
+        PERTURBSEQ,
+        {"type": int, "default": None, "help": "st3: test batches to predict (noted)"},
+        (("inference", "num_batches"),),
+        noted="sedd predicts --num_samples_per_pert cells for every held-out perturbation",
+    ),
+    St3Flag(
+        "--data_path",
+        PERTURBSEQ,
+        _path("st3's name for the held-out real cells (the same as --reference_data)"),
+        (("data", "test_data_path"),),
+    ),
+    St3Flag(
+        "--val_fraction",
+        PERTURBSEQ,
+        {"type": float, "default": None, "help": "st3's split of --data_path (noted)"},
+        (("data", "val_fraction"),),
+        noted="the held-out cells are obs[--split_key] == --split_value of --data_path",
+    ),
+    St3Flag(
+        "--use_train_split",
+        PERTURBSEQ,
+        {"action": "store_true", "help": "st3's split of --data_path (noted)"},
+        noted="the held-out cells are obs[--split_key] == --split_value of --data_path",
+    ),
+    St3Flag(
+        "--num_workers",
+        COND,
+        {"type": int, "default": None, "help": "st3's data loader workers (noted)"},
+        (("other", "num_workers"),),
+        noted="sedd reads the cells in-process",
+    ),
+    St3Flag(
         "--num_cells_visualize",
         ALL,
         {"type": int, "default": None, "help": "st3's plots (noted: sedd draws none)"},
@@ -225,6 +281,33 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
         {"type": int, "default": None, "help": "st3's plots (noted)"},
         noted="sedd draws no plots here; `sedd evaluate` draws them",
     ),
+    # scripts/inference_imputation.py (sedd.commands.st3_imputation): st3's defaults and keys
+    St3Flag("--config", IMPUTATION, _path("st3 YAML: sections data, inference, other")),
+    St3Flag("--experiment_dir", IMPUTATION, {"required": True, "help": "st3 experiment or model"}),
+    St3Flag("--checkpoint", IMPUTATION, _path("checkpoint (default best.pt > final.pt > epoch)")),
+    St3Flag("--data_path", IMPUTATION, _path("h5ad of real counts to mask and impute"),
+            (("data", "data_path"),)),
+    St3Flag("--val_fraction", IMPUTATION, {"type": float, "default": 0.1, "help": "the held-out "
+            "fraction (st3's seeded split) imputed (default 0.1)"}, (("data", "val_fraction"),)),
+    St3Flag("--use_train_split", IMPUTATION, {"action": "store_true", "help": "impute the rest"}),
+    St3Flag("--mask_ratio", IMPUTATION, {"type": float, "default": 0.2, "help": "fraction of "
+            "entries hidden and imputed, in (0, 1] (default 0.2)"}, (("inference", "mask_ratio"),)),
+    St3Flag("--num_steps", IMPUTATION, {"type": int, "default": 50, "help": "steps (default 50)"},
+            (("inference", "num_steps"),)),
+    St3Flag("--temperature", IMPUTATION, {"type": float, "default": 1.0, "help": "default 1.0"},
+            (("inference", "temperature"),)),
+    St3Flag("--sampler", IMPUTATION, {"choices": list(PREDICTORS), "default": "euler",
+            "help": "st3 has euler only"}, (("inference", "sampler"),)),
+    St3Flag("--batch_size", IMPUTATION, {"type": int, "default": 32, "help": "cells a batch "
+            "(default 32)"}, (("inference", "batch_size"),)),
+    St3Flag("--num_batches", IMPUTATION, {"type": int, "default": None, "help": "impute the "
+            "first N batches only (default all)"}, (("inference", "num_batches"),)),
+    St3Flag("--num_cells_visualize", IMPUTATION, {"type": int, "default": 3, "help": "cells with "
+            "cell_<i>_acc.txt/_mae.json (default 3)"}, (("inference", "num_cells_visualize"),)),
+    St3Flag("--seed", IMPUTATION, {"type": int, "default": ST3_SEED, "help": "split, mask and "
+            f"sampling seed (default {ST3_SEED})"}, (("other", "seed"),)),
+    St3Flag("--num_workers", IMPUTATION, {"type": int, "default": 4, "help": "st3's loader "
+            "(noted)"}, (("other", "num_workers"),), noted="sedd reads the cells in-process"),
 )
 
 
@@ -235,6 +318,79 @@ def flags_for(script: Script) -> list[St3Flag]:
 def add_st3_flags(p: argparse.ArgumentParser, script: Script) -> None:
     for f in flags_for(script):
         p.add_argument(f.flag, dest=f.dest, **f.kwargs)
+
+
+# Job-script variables whose flag is not "--" + their lower-case name (the rest map that way:
+# EXPERIMENT_DIR=... is --experiment_dir ..., NUM_STEPS=100 is --num_steps 100).
+JOB_VARIABLES = {
+    "GENES_FILE": "--genes",
+    "PERTURBATION_MAP": "--perturbations_all_file",  # sedd's older name for it
+}
+_WORD = re.compile(r"([A-Z][A-Z0-9_]*)=(.*)", re.DOTALL)
+
+
+def words_as_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], bool]:
+    """(``argv`` with st3's and DCM's ``KEY=VALUE`` words as flags, whether any were).
+
+    DCM's README runs ``inference_conditional.py EXPERIMENT_DIR=... CELL_TYPE=...
+    NUM_SAMPLES_PER_PERT=1000 NUM_STEPS=100``: each upper-case word names a flag or a job-script
+    variable. A switch takes true/false (or 1/0); a word naming nothing is refused, naming it."""
+    options = {o: a for a in parser._actions for o in a.option_strings}
+    words, changed = [], False
+    for word in argv:
+        match = _WORD.fullmatch(word)
+        if match is None:
+            words.append(word)
+            continue
+        key, value = match.groups()
+        flag = JOB_VARIABLES.get(key, "--" + key.lower())
+        action = options.get(flag)
+        if action is None:
+            known = sorted(o[2:].upper() for o in options if o[:2] == "--" and "-" not in o[2:])
+            raise ValueError(
+                f"{key}={value}: {parser.prog} has no flag {flag} and no job-script variable "
+                f"{key}; use one of {', '.join(known[:40])}."
+            )
+        changed = True
+        if action.nargs == 0:  # a switch: st3's EVALUATE=true
+            if value.lower() in ("true", "1", "yes"):
+                words.append(flag)
+            elif value.lower() not in ("false", "0", "no", ""):
+                raise ValueError(f"{key}={value}: use true or false.")
+        elif action.nargs in ("+", "*"):
+            words += [flag, *value.split()]
+        else:
+            words += [flag, value]
+    return words, changed
+
+
+# sedd's own names in library messages -> what the st3 scripts call them (the scripts print
+# every error with their own flags and job-script variables).
+_ALL_FILE = "(job scripts: PERTURBATIONS_ALL_FILE)"
+_SCRIPT_WORDS = (
+    ("--perturbation-map FILE", f"--perturbations_all_file FILE {_ALL_FILE}"),
+    ("--perturbation-map", f"--perturbations_all_file {_ALL_FILE}"),
+    ("--vectors", "--cond_labels_pt_path (job scripts: COND_LABELS_PT_PATH)"),
+    ("--genes FILE", "--genes FILE (job scripts: GENES_FILE)"),
+    ("--real-condition-key", "--gene"),
+    ("--cell-type", "--cell_type"),
+    ("--batch-size", "--batch_size"),
+    ("--steps", "--num_steps"),
+    ("`steps`", "--num_steps"),
+    ("sedd.load(..., genes=FILE)", "GENES_FILE=FILE"),
+    ("read a counts layer with layer=...", "write raw counts to .X (st3's scripts read .X)"),
+    ("pass layer=...", "write raw counts to .X (st3's scripts read .X)"),
+)
+
+
+def in_script_words(message: str, script: Script) -> str:
+    """``message`` with sedd's flag names replaced by the st3 script's own."""
+    cells = "--num_generate" if script == "generation" else "--num_samples_per_pert"
+    for ours, theirs in (*_SCRIPT_WORDS, ("`cells_per_condition`", cells),
+                         ("cells_per_condition", cells)):  # fmt: skip
+        if theirs not in message:
+            message = message.replace(ours, theirs)
+    return message
 
 
 class ConfigError(ValueError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,10 +45,12 @@ from sedd.commands.st3_flags import (
     Script,
     add_st3_flags,
     config_path,
+    in_script_words,
     notes_for,
     read_st3_config,
+    words_as_flags,
 )
-from sedd.defaults import PREDICTORS, default_device
+from sedd.defaults import default_device
 from sedd.io.files import refuse_existing, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest, plan
@@ -64,8 +67,6 @@ def _parser(script: Script, description: str) -> argparse.ArgumentParser:
     own.add_argument("--genes", help="gene names file (one a line, or an h5ad's var_names)")
     own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16",
                      help="default bf16, st3's")  # fmt: skip
-    own.add_argument("--batch_size", type=int, default=64, help="cells in flight (default 64)")
-    own.add_argument("--sampler", choices=list(PREDICTORS), default="euler")
     own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     own.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
     own.add_argument(
@@ -84,7 +85,9 @@ def _parser(script: Script, description: str) -> argparse.ArgumentParser:
 def _parse(p: argparse.ArgumentParser, script: Script, argv: Sequence[str] | None) -> Any:
     """st3's two-pass parse: ``--config``'s YAML sets defaults, the command line wins. Prints one
     note per st3-only flag that was set, and one for the YAML keys nothing reads."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, words = words_as_flags(list(sys.argv[1:] if argv is None else argv), p)
+    if words:  # DCM's README form: KEY=VALUE words; say once what they were read as
+        print(f"note: read as: {Path(p.prog).name} {shlex.join(argv)}", file=sys.stderr)
     base = {a.dest: a.default for a in p._actions}
     config, from_yaml, unused = config_path(argv), {}, []
     if config is not None:
@@ -93,6 +96,7 @@ def _parse(p: argparse.ArgumentParser, script: Script, argv: Sequence[str] | Non
     args = p.parse_args(argv)
     given = {dest for dest, default in base.items() if getattr(args, dest, default) != default}
     args.from_yaml = set(from_yaml)
+    args.script = script
     for note in notes_for(script, given | set(from_yaml)):
         print(f"note: {note}", file=sys.stderr)
     if unused:
@@ -245,18 +249,34 @@ def _names(args: argparse.Namespace) -> list[str] | None:
     return read_perturbation_file(file) if file else None
 
 
+def _known(loaded: LoadedModel, names: list[str], args: Any) -> list[str]:
+    """``names`` the model knows, once each, in order. Like st3, the others are warned about and
+    skipped (a test list may name perturbations training never saw); they are kept in
+    ``args.skipped_perturbations`` for the metadata. None known: the error, with suggestions."""
+    known = set(loaded.conditions)
+    unknown = [n for n in dict.fromkeys(names) if n not in known]
+    if names and len(unknown) == len(set(names)):
+        loaded.perturbation_labels(names[:1])
+    if unknown:
+        print(f"warning: skipped {len(unknown)} perturbation(s) the model does not know (st3 "
+              f"skips them too): {unknown[:20]}", file=sys.stderr)  # fmt: skip
+    args.skipped_perturbations = unknown
+    return [n for n in dict.fromkeys(names) if n in known]
+
+
 def _conditions(loaded: LoadedModel, names: list[str] | None, args: Any) -> list[str]:
     """st3's: exactly the perturbations listed, in their order (the control only where it is
     listed); with no list, every label of the model, control first (unless ``--no_control``)."""
+    args.skipped_perturbations = []
     if names is None:
         return perturbation_conditions(
             loaded, None, include_control=not args.no_control, control=args.control_name
         )
-    loaded.perturbation_labels(names)  # unknown names: an error with suggestions
+    names = _known(loaded, names, args)
     if args.control_name is not None:
         loaded.perturbation_labels([args.control_name])
     control = args.control_name or loaded.config.control_label
-    chosen = [n for n in dict.fromkeys(names) if not (args.no_control and n == control)]
+    chosen = [n for n in names if not (args.no_control and n == control)]
     if not chosen:
         raise ValueError(f"nothing to generate: the only perturbation listed is the control "
                          f"{control!r}, and --no_control leaves it out.")  # fmt: skip
@@ -279,6 +299,45 @@ def _evaluation_args(args: argparse.Namespace) -> Path | None:
     return test
 
 
+def _check_evaluation(loaded: LoadedModel, test: Path, args: argparse.Namespace) -> None:
+    """Before any sampling: the test cells carry ``--gene`` and share genes with the model."""
+    import anndata  # slow to import; only --evaluate needs it here
+
+    real = anndata.read_h5ad(test, backed="r")
+    try:
+        genes, columns = set(map(str, real.var_names)), list(real.obs.columns)
+    finally:
+        real.file.close()
+    if args.gene not in columns:
+        raise ValueError(f"--evaluate: --test_data_path {test} has no obs column {args.gene!r} "
+                         f"(--gene, or data.gene in --config); its columns: {columns[:12]}. "
+                         "Checked before sampling: nothing was generated.")  # fmt: skip
+    shared = sum(g in genes for g in loaded.config.genes)
+    if shared < 2:
+        hint = ("the model's genes are named by position ('0', '1', ...): pass --genes FILE "
+                "(job scripts: GENES_FILE) listing the training genes in order"
+                if loaded.config.genes_by_position else
+                "pass test cells measured on the model's genes")  # fmt: skip
+        raise ValueError(f"--evaluate: --test_data_path {test} shares {shared} gene names with "
+                         f"the model ({len(loaded.config.genes)} genes, e.g. "
+                         f"{loaded.config.genes[:3]}); {hint}. Checked before sampling: nothing "
+                         "was generated.")  # fmt: skip
+
+
+def _evaluate_existing(out: Path, test: Path, args: argparse.Namespace) -> bool:
+    """``--evaluate`` when the result exists and ``--overwrite`` was not given: evaluate it as
+    it is (no resampling), saying which run wrote it."""
+    if args.overwrite or not out.is_file() or _shard(args).count > 1:
+        return False
+    meta = _metadata_path(out)
+    recorded = json.loads(meta.read_text()).get("argv") if meta.is_file() else None
+    wrote = f" (written by: {shlex.join(recorded)})" if isinstance(recorded, list) else ""
+    print(f"--evaluate: {out} exists{wrote}; evaluating it without sampling again (pass "
+          f"{OVERWRITE} to sample anew).")  # fmt: skip
+    _evaluate(test, out, args)
+    return True
+
+
 def _evaluate(test: Path, out: Path, args: argparse.Namespace) -> None:
     """``sedd evaluate --real TEST --generated OUT``, st3's ``--gene`` naming the test labels."""
     from sedd.commands import evaluate
@@ -298,10 +357,18 @@ def inference_conditional(argv: Sequence[str] | None = None) -> int:
     args = _parse(p, "conditional", argv)
     names, test = _names(args), _evaluation_args(args)
     out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results"
+    if test is not None and _evaluate_existing(out_dir / "generated_cells.h5ad", test, args):
+        return 0
     out = _refuse_early(out_dir / "generated_cells.h5ad", args)
     loaded = _load(args)
+    if test is not None:
+        _check_evaluation(loaded, test, args)
     request = _sampling_request(args, args.num_samples_per_pert, _conditions(loaded, names, args))
-    if _write(loaded, request, args, out, "inference_conditional") and test is not None:
+    skipped = {"skipped_perturbations": args.skipped_perturbations}
+    written = _write(loaded, request, args, out, "inference_conditional", skipped)
+    if args.skipped_perturbations:
+        print(f"skipped (not known to the model): {args.skipped_perturbations[:20]}")
+    if written and test is not None:
         _evaluate(test, out, args)
     return 0
 
@@ -311,7 +378,9 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         "perturbseq",
         "Predict the perturbations of held-out reference cells and evaluate against them.",
     )
-    p.add_argument("--reference_data", required=True, help="h5ad of real cells (raw counts)")
+    p.add_argument(
+        "--reference_data", help="h5ad of real cells (raw counts); st3's name: --data_path"
+    )
     p.add_argument(
         "--condition_key",
         help="obs column of the labels (default: first of perturbation, target_gene, gene, "
@@ -321,6 +390,14 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split_value", default="test", help="held-out value of --split_key")
     p.add_argument("--n_pcs", type=int, default=50, help="PCs for the distribution metrics")
     args = _parse(p, "perturbseq", argv)
+    both = args.reference_data and args.data_path and "data_path" not in args.from_yaml
+    if both and Path(args.reference_data) != Path(args.data_path):
+        raise ValueError(f"--reference_data {args.reference_data} and --data_path "
+                         f"{args.data_path} name two files; pass one.")  # fmt: skip
+    args.reference_data = args.reference_data or args.data_path
+    if not args.reference_data:
+        raise ValueError("the held-out real cells are needed: pass --data_path FILE.h5ad (or "
+                         "data.test_data_path in --config).")  # fmt: skip
     if _shard(args).count > 1:
         raise ShardError(
             "inference_perturbseq evaluates all cells at once; for sharded runs use `sedd "
@@ -335,7 +412,10 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         args.reference_data, loaded, args.condition_key, args.split_key, args.split_value
     )
     names = _names(args)
-    if names is None:  # the reference's labels the model knows
+    args.skipped_perturbations = []
+    if names is not None:
+        names = _known(loaded, names, args)
+    else:  # the reference's labels the model knows
         known = set(loaded.conditions)
         names = [name for name in reference.labels if name in known]
         if not names:
@@ -348,6 +428,7 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     )
     request = _sampling_request(args, args.num_samples_per_pert, conditions)
     extra, metrics_file = reference.describe(), out_dir / "metrics.json"
+    extra["skipped_perturbations"] = args.skipped_perturbations
     _write(loaded, request, args, out, "inference_perturbseq", extra, also=(metrics_file,))
     metrics = perturbseq_metrics(reference, out, n_pcs=args.n_pcs, seed=args.seed)
     write_json_atomic(metrics_file, metrics)
@@ -382,12 +463,21 @@ def evaluate_merged(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+_SCRIPTS: dict[str, Script] = {
+    "inference_generation": "generation",
+    "inference_conditional": "conditional",
+    "inference_perturbseq": "perturbseq",
+}
+
+
 def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
-    """Run a script entry point; user errors print one line and exit 2 (like ``sedd``)."""
+    """Run a script entry point; user errors print one line and exit 2 (like ``sedd``), naming
+    the script's own flags and job-script variables, not sedd's."""
     try:
         code = entry(None)
     except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"{Path(sys.argv[0]).name}: error: {exc}", file=sys.stderr)
+        message = in_script_words(str(exc), _SCRIPTS.get(entry.__name__, "conditional"))
+        print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
         code = 2
     raise SystemExit(code)
 

@@ -97,6 +97,9 @@ def _conditional_argv(tmp_path: Path, exp: Path) -> tuple[list[str], dict]:
         "--seed": ["11"],
         "--evaluate": [],
         "--num_cells_visualize": ["3"],
+        "--sampler": ["analytic"],
+        "--batch_size": ["3"],
+        "--num_workers": ["2"],
     }
     return values, {"config": config, "test": test}
 
@@ -131,7 +134,9 @@ def test_every_st3_conditional_flag_and_yaml_section_means_what_it_means_in_st3(
     assert "note: --num_cells_visualize: accepted for st3 compatibility" in err
     [unread] = [line for line in err.splitlines() if "not read by this script" in line]
     assert "model (section)" in unread and "data.pert_col" in unread
-    assert "inference.sampler" in unread and "other.num_workers" in unread
+    assert "inference.sampler" not in unread and "other.num_workers" not in unread
+    assert "note: --num_workers: accepted for st3 compatibility" in err
+    assert record["sampler"] == "analytic"
 
 
 def test_the_yaml_sets_defaults_and_the_command_line_wins(tmp_path: Path) -> None:
@@ -274,6 +279,8 @@ def test_every_st3_generation_flag_and_its_yaml(
         "--val_fraction": ["0.2"],
         "--use_train_split": [],
         "--num_real_visualize": ["2"],
+        "--sampler": ["analytic"],
+        "--batch_size": ["2"],
     }
     table = {f.flag for f in flags_for("generation")}
     assert table == set(values), f"flags without a test value: {table ^ set(values)}"
@@ -284,12 +291,13 @@ def test_every_st3_generation_flag_and_its_yaml(
     assert adata.n_obs == 5 and list(adata.var_names) == genes  # var from --reference_data
     record = adata.uns["sedd"]
     assert (record["steps"], record["temperature"], record["seed"]) == (3, 0.7, 12)
+    assert record["sampler"] == "analytic"
     meta = json.loads((out.parent / "cells.generation_metadata.json").read_text())
     assert meta["output"] == str(out) and meta["num_cells"] == 5
 
 
 def test_the_table_lists_each_flag_once_per_script() -> None:
-    for script in ("conditional", "generation", "perturbseq"):
+    for script in ("conditional", "generation", "perturbseq", "imputation"):
         flags = [f.flag for f in flags_for(script)]
         assert len(flags) == len(set(flags)), script
     assert all(f.flag.startswith("--") for f in ST3_FLAGS)
