@@ -93,6 +93,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "so real and generated cells are both projected out-of-sample (recommended for small "
         "splits: an in-sample fit inflates the distances even for a perfect generator)",
     )
+    p.add_argument(
+        "--st3-metrics",
+        action="store_true",
+        help="also write kleonlab/st3's per-perturbation files into --out-dir "
+        "(generation_metrics_per_perturbation.json/.csv, generation_metrics_aggregate.json: "
+        "sliced W2, MMD^2 on <= 100 cells, Frechet distance on <= 50 PCs, on .X as stored); "
+        "needs a condition column in both files",
+    )
     p.set_defaults(func=run)
 
 
@@ -116,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         )
     genes, gen_columns = _shared_genes(real, gen, console)
     real_key, gen_key = _condition_keys(real, gen, args.condition_key, args.real_condition_key)
+    st3_keys = _st3_keys(args.st3_metrics, real_key, gen_key)
     console.print(
         f"conditions: real obs[{real_key!r}] vs generated obs[{gen_key!r}]"
         if gen_key
@@ -146,7 +155,43 @@ def run(args: argparse.Namespace) -> int:
         if (warning := mix.warning(real_key, str(args.generated))) is not None:
             console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     _report(console, args, result, arrays, write_evaluation_plots)
+    if st3_keys is not None:
+        _write_st3_metrics(console, _out_dir(args), real[:, genes], gen[:, gen_columns], st3_keys)
     return 0
+
+
+def _st3_keys(wanted: bool, real_key: str | None, gen_key: str | None) -> tuple[str, str] | None:
+    """(real, generated) perturbation columns for --st3-metrics; None when not asked for."""
+    if not wanted:
+        return None
+    if real_key is None or gen_key is None:
+        raise ValueError(
+            "--st3-metrics needs a perturbation column in both files and none was found; pass "
+            "--condition-key (generated) and --real-condition-key (real), e.g. "
+            "--condition-key perturbation --real-condition-key gene."
+        )
+    return real_key, gen_key
+
+
+def _write_st3_metrics(
+    console: Console,
+    out_dir: Path,
+    real: anndata.AnnData,
+    gen: anndata.AnnData,
+    keys: tuple[str, str],
+) -> None:
+    """st3's three metric files, on the same cells and shared genes as metrics.json."""
+    from sedd.eval.st3_metrics import MMD_NOISE_NOTE, compute_st3_metrics
+
+    metrics = compute_st3_metrics(real, gen, real_key=keys[0], generated_key=keys[1])
+    for path in metrics.write(out_dir):
+        console.print(f"wrote {path}")
+    if metrics.skipped:
+        console.print(
+            f"st3 metrics: skipped {len(metrics.skipped)} perturbation(s) with < 2 real or "
+            f"generated cells, e.g. {[str(label) for label in metrics.skipped[:5]]}"
+        )
+    console.print(MMD_NOISE_NOTE, highlight=False)
 
 
 def _inputs(
@@ -188,7 +233,7 @@ def _report(
     console.print(_overall_table(result["overall"]))
     if result["per_condition"]:
         console.print(_condition_table(result["per_condition"]))
-    out_dir = args.out_dir or args.generated.parent / f"{args.generated.stem}_eval"
+    out_dir = _out_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
     console.print(f"wrote {out_dir / 'metrics.json'}")
@@ -198,6 +243,10 @@ def _report(
         pearson = result["overall"].get("gene_mean_pearson")
         for path in write_plots(arrays, out_dir, pearson=pearson):
             console.print(f"wrote {path}")
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    return args.out_dir or args.generated.parent / f"{args.generated.stem}_eval"
 
 
 def _read_h5ad(path: Path, flag: str) -> anndata.AnnData:
