@@ -22,13 +22,15 @@
 #   BATCH_SIZE       cells in flight (never changes a cell)                 --batch_size
 #   OUTPUT_DIR       shards + result (default $EXPERIMENT_DIR/inference)
 #   NUM_SHARDS, SHARD_INDEX, SUBMIT_MERGE, SEDD: see scripts/sharded_run.sh
-# Arguments after the script name are passed on.
+# Arguments after the script name are passed on; NAME=VALUE words set these variables.
 #
 # Without SLURM it runs every shard in turn and merges:
 #   EXPERIMENT_DIR=exp/mlm NUM_GENERATE=20 bash scripts/inf_generation.sh
 # On SLURM, slurm/inf_gen.sbatch runs it once per array task (one shard each).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/sharded_run.sh"
+take_words "$@"
+set -- ${WORDS[@]+"${WORDS[@]}"}
 
 require_experiment_dir slurm/inf_gen.sbatch
 OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference}

@@ -42,6 +42,24 @@ sedd_python() {
   fi
 }
 
+# take_words "$@": DCM's README form, `bash scripts/inf_conditional.sh EXPERIMENT_DIR=exp
+# CELL_TYPE=hepg2`: each leading NAME=VALUE word sets that variable, as if it were in the
+# environment. The other words are left in the global WORDS array (passed on to the script,
+# which reads KEY=VALUE words of its own flags too).
+take_words() {
+  WORDS=()
+  local word
+  for word in "$@"; do
+    if [[ $word =~ ^([A-Z][A-Z0-9_]*)=(.*)$ ]]; then
+      printf -v "${BASH_REMATCH[1]}" '%s' "${BASH_REMATCH[2]}"
+      export "${BASH_REMATCH[1]?}"
+      echo "note: $word read as the variable ${BASH_REMATCH[1]}" >&2
+    else
+      WORDS+=("$word")
+    fi
+  done
+}
+
 # st3_flag FLAG VAR: append FLAG "$VAR" to the global cmd array when VAR is set and not empty
 # (an unset variable passes nothing, so --config's YAML or the script's default decides).
 st3_flag() {

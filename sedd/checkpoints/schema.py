@@ -82,11 +82,27 @@ class ST3Arch(_ST3Trunk):
 
 
 class ST3PerturbationArch(_ST3Trunk):
-    """Constructor arguments of ``sedd.models.st3.SEDDPerturbationTransformer``."""
+    """Constructor arguments of ``sedd.models.st3.SEDDPerturbationTransformer``.
+
+    ``conditioning``: "sum" (st3, and st3's cell-type family) or "separate_film" (aivc-dcm's
+    SEDDPerturbationTransformerSeparateFiLM); ``cell_types_required``: rows must name a cell type
+    (st3's cell-type family). ``provenance.source_class`` names the upstream class.
+    """
 
     num_perturbations: int = Field(ge=1, le=LABELS_MAX)
     precomputed_emb_dim: int | None = Field(default=None, ge=1, le=WIDTH_MAX)
     num_cell_types: int | None = Field(default=None, ge=1, le=LABELS_MAX)
+    conditioning: Literal["sum", "separate_film"] = "sum"
+    cell_types_required: bool = False
+
+    @model_validator(mode="after")
+    def _cell_types_given(self) -> ST3PerturbationArch:
+        if self.cell_types_required and not self.num_cell_types:
+            raise ValueError(
+                "cell_types_required is true, but num_cell_types is not set; give the model's "
+                "number of cell types or set cell_types_required to false."
+            )
+        return self
 
 
 class DDiTArch(_StrictArch):
@@ -168,6 +184,9 @@ class Provenance(BaseModel):
     step: int | None = None  # training step recorded in the source checkpoint
     ema: bool | None = None  # True: EMA weights, False: raw weights, None: unknown
     training_args: dict[str, Any] | None = None  # st3's args.json / the reference config
+    # the upstream class the weights were trained as (args.json's model_name, or the cell-type
+    # class st3's trainer picks by model_size); None: the source names none
+    source_class: str | None = None
     # the side file the gene names were read from (--genes, or st3's genes.json beside the
     # checkpoint) when the model was loaded or converted; None: no file named them
     genes_file: str | None = None

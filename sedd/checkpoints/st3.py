@@ -11,6 +11,22 @@ Perturbation names come from ``perturbation_names_all.txt`` (line i names index 
 or a mapping file; cell types from ``args.json``'s ``cell_type_to_idx``; perturbation vectors
 (e.g. ESM2) from a ``{name: tensor}`` file.
 
+Two relatives of st3's networks load too, picked by what the experiment says, never by a guess:
+
+* aivc-dcm (st3's fork) writes ``model_name`` into ``args.json``: ``SEDDPerturbationTransformer``
+  (+ ``Small``/``Medium``/``Large``) is st3's perturbation model, and
+  ``SEDDPerturbationTransformerSeparateFiLM`` (+ sizes) the same weights around a FiLM per
+  signal (``conditioning="separate_film"``). A ``model_name`` we cannot build is refused.
+* st3's cell-type trainer (branch mismatch-celltype) writes ``model_size`` (small, medium,
+  large) and saves ``SEDDCellTypePerturbationTransformer`` weights (``celltype_embed``,
+  ``celltype_proj``, ``precomputed_pert_proj``): st3's summed perturbation model with cell types
+  required, so its weights are renamed to ours and ``cell_types_required`` is set. Its
+  ``args.json`` lists ``cell_types`` and ``perturbations`` by index (its inference script
+  numbers them by position). Cell types given as vectors (``precomputed_celltype_proj``) are
+  refused: sedd passes cell types as indices.
+
+``provenance.source_class`` records the upstream class.
+
 The side-file readers (``read_gene_list``, ``read_label_mapping``, ``read_vectors``,
 ``with_label_files``) accept these conventions for every source format; they live in
 ``sedd.checkpoints.labels`` and are re-exported here.
@@ -19,8 +35,9 @@ The side-file readers (``read_gene_list``, ``read_label_mapping``, ``read_vector
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -105,10 +122,107 @@ def _state_from_payload(payload: Any, file: Path) -> dict[str, torch.Tensor]:
     )
 
 
-def _st3_arch(
+_Family = Literal["st3", "st3_perturbation", "separate_film", "cell_type"]
+
+# The upstream classes we can build: a family, then optionally a size (which sets only upstream's
+# default dimensions; args.json and the tensor shapes give the real ones).
+_UPSTREAM_CLASS = re.compile(
+    r"(?P<family>SEDDTransformer|SEDDPerturbationTransformer(?:SeparateFiLM)?"
+    r"|SEDDCellTypePerturbationTransformer)(?:Small|Medium|Large)?"
+)
+_KNOWN_CLASSES = (
+    "SEDDTransformer, SEDDPerturbationTransformer, SEDDPerturbationTransformerSeparateFiLM, "
+    "SEDDCellTypePerturbationTransformer, each alone or + Small, Medium or Large"
+)
+_CELL_TYPE_SIZES = ("small", "medium", "large")  # st3's cell-type trainer's --model_size
+# st3's cell-type family names its weights its own way; the network is st3's summed model
+_CELL_TYPE_RENAMES = (
+    ("celltype_embed.", "cell_type_embed."),
+    ("celltype_proj.", "cell_type_proj."),
+    ("precomputed_pert_proj.", "precomputed_proj."),
+)
+
+
+@dataclass(frozen=True)
+class _UpstreamClass:
+    """The class an experiment was trained as (``SEDDPerturbationTransformerSeparateFiLMSmall``,
+    say): a name ``_UPSTREAM_CLASS`` matches."""
+
+    name: str
+
+    @property
+    def family(self) -> _Family:
+        found = _UPSTREAM_CLASS.fullmatch(self.name)
+        match found.group("family") if found else None:
+            case "SEDDTransformer":
+                return "st3"
+            case "SEDDPerturbationTransformer":
+                return "st3_perturbation"
+            case "SEDDPerturbationTransformerSeparateFiLM":
+                return "separate_film"
+            case "SEDDCellTypePerturbationTransformer":
+                return "cell_type"
+            case _:
+                raise ValueError(f"{self.name!r} is not an upstream class sedd can build.")
+
+
+def _upstream_class(
     args: dict[str, Any], state: dict[str, torch.Tensor], args_file: Path
+) -> _UpstreamClass | None:
+    """What the experiment says it is: args.json's ``model_name`` (aivc-dcm), else its
+    ``model_size`` (st3's cell-type trainer), else ``celltype_*`` weights; None for st3's own
+    experiments, which name no class."""
+    name = args.get("model_name")
+    if name is not None:
+        if not isinstance(name, str) or not _UPSTREAM_CLASS.fullmatch(name):
+            raise CheckpointError(
+                f"{args_file} asks for model_name {name!r}, which sedd cannot build; known: "
+                f"{_KNOWN_CLASSES}. Fix model_name to the class the weights were trained as."
+            )
+        return _UpstreamClass(name)
+    size = args.get("model_size")
+    if size is not None:
+        if size not in _CELL_TYPE_SIZES:
+            raise CheckpointError(
+                f"{args_file} asks for model_size {size!r}, which st3's cell-type trainer does "
+                f"not write; known: {', '.join(_CELL_TYPE_SIZES)}. Fix model_size."
+            )
+        return _UpstreamClass(f"SEDDCellTypePerturbationTransformer{size.capitalize()}")
+    if any(key.startswith(("celltype_embed.", "celltype_proj.")) for key in state):
+        return _UpstreamClass("SEDDCellTypePerturbationTransformer")
+    return None
+
+
+def _with_st3_names(
+    state: dict[str, torch.Tensor], upstream: _UpstreamClass | None, weights: Path
+) -> dict[str, torch.Tensor]:
+    """The weights under our names: st3's cell-type family renamed, the rest as they are."""
+    if upstream is None or upstream.family != "cell_type":
+        return state
+    if any(key.startswith("precomputed_celltype_proj.") for key in state):
+        raise CheckpointError(
+            f"{weights} holds precomputed_celltype_proj: its cell types were trained as vectors "
+            "(st3's --celltype_labels_pt_path), and sedd gives cell types by index only; use a "
+            "model trained with cell-type indices."
+        )
+    renamed = {}
+    for key, value in state.items():
+        for old, new in _CELL_TYPE_RENAMES:
+            if key.startswith(old):
+                key = new + key.removeprefix(old)
+                break
+        renamed[key] = value
+    return renamed
+
+
+def _st3_arch(
+    args: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    args_file: Path,
+    upstream: _UpstreamClass | None = None,
 ) -> ST3Arch | ST3PerturbationArch:
-    """Constructor arguments from args.json, falling back to tensor shapes."""
+    """Constructor arguments from args.json, falling back to tensor shapes; ``upstream`` (when
+    the experiment names its class) decides the family, else the weights do."""
 
     def from_args(key: str) -> int | None:
         value = args.get(key)
@@ -144,19 +258,26 @@ def _st3_arch(
         "ff_mult": from_args("ff_mult") or (shape(ff_key, 0) // hidden if ff_key in state else 4),
         "dropout": float(args.get("dropout", 0.1)),
     }
-    if "pert_embed.weight" not in state and not from_args("num_perturbations"):
+    family = upstream.family if upstream is not None else None
+    if family == "st3" or (
+        family is None and "pert_embed.weight" not in state and not from_args("num_perturbations")
+    ):
         return ST3Arch(**common, max_seq_len=from_args("max_seq_len"))
     vector_dim = from_args("precomputed_emb_dim")
     if vector_dim is None and "precomputed_proj.weight" in state:
         vector_dim = shape("precomputed_proj.weight", 1)
     cell_types = args.get("num_cell_types")
-    if cell_types is None and "cell_type_embed.weight" in state:
+    if (cell_types is None and "cell_type_embed.weight" in state) or (
+        family == "cell_type" and not cell_types
+    ):
         cell_types = shape("cell_type_embed.weight", 0)
     return ST3PerturbationArch(
         **common,
         num_perturbations=from_args("num_perturbations") or shape("pert_embed.weight", 0),
         precomputed_emb_dim=vector_dim,
         num_cell_types=int(cell_types) if cell_types else None,
+        conditioning="separate_film" if family == "separate_film" else "sum",
+        cell_types_required=family == "cell_type",
     )
 
 
@@ -177,11 +298,13 @@ def load_st3(
     weights = choose_st3_checkpoint(exp_dir, checkpoint)
     payload = read_torch_file(weights)
     state = _state_from_payload(payload, weights)
-    arch = _st3_arch(args, state, args_file)
-    cell_types = _cell_types(args, arch, args_file)
+    upstream = _upstream_class(args, state, args_file)
+    state = _with_st3_names(state, upstream, weights)
+    arch = _st3_arch(args, state, args_file, upstream)
+    names = _label_names(args, arch, args_file)
     file_hash = sha256_file(weights)
     step = _int_or_none(payload.get("step") if isinstance(payload, dict) else None)
-    config = _st3_config(args, arch, cell_types, exp_dir, weights, file_hash, step)
+    config = _st3_config(args, arch, names, exp_dir, weights, file_hash, step, upstream)
     parts = SourceParts(config, state, weights, file_hash, described_by=str(args_file))
 
     # Side files: explicit ones first, then st3's conventional names in the experiment dir.
@@ -213,29 +336,69 @@ def load_st3(
     )
 
 
-def _cell_types(
+@dataclass(frozen=True)
+class _LabelNames:
+    """Label names by index that ``args.json`` itself gives (None: it gives none)."""
+
+    perturbations: list[str] | None = None
+    cell_types: list[str] | None = None
+
+
+def _label_names(
     args: dict[str, Any], arch: ST3Arch | ST3PerturbationArch, args_file: Path
+) -> _LabelNames:
+    """Cell types from ``cell_type_to_idx`` ({name: index}: st3, aivc-dcm) or ``cell_types``;
+    perturbations from ``perturbations`` (lists in index order: st3's cell-type trainer)."""
+    if not isinstance(arch, ST3PerturbationArch):
+        return _LabelNames()
+    cell_types = None
+    if arch.num_cell_types:
+        mapping = args.get("cell_type_to_idx") or None
+        if mapping is not None:
+            cell_types = names_from_mapping(mapping, arch.num_cell_types, args_file, "cell type")
+        else:
+            cell_types = _listed_names(args, "cell_types", arch.num_cell_types, args_file)
+    perturbations = _listed_names(args, "perturbations", arch.num_perturbations, args_file)
+    return _LabelNames(perturbations, cell_types)
+
+
+def _listed_names(
+    args: dict[str, Any], key: str, expected: int, args_file: Path
 ) -> list[str] | None:
-    """Cell type names by index from ``args.json``'s ``cell_type_to_idx``, if the model has any."""
-    if not isinstance(arch, ST3PerturbationArch) or not arch.num_cell_types:
+    """``args[key]``: a list naming the model's ``expected`` labels once each, entry i naming
+    index i (as st3's cell-type inference numbers them); None when absent."""
+    names = args.get(key)
+    if names is None:
         return None
-    mapping = args.get("cell_type_to_idx") or None
-    if mapping is None:
-        return None
-    return names_from_mapping(mapping, arch.num_cell_types, args_file, "cell type")
+    listed = [str(name) for name in names] if isinstance(names, list) else []
+    if len(listed) != expected or len(set(listed)) != len(listed):
+        found = (
+            f"{len(listed)} names, {len(set(listed))} distinct"
+            if isinstance(names, list)
+            else f"a {type(names).__name__}"
+        )
+        raise CheckpointError(
+            f"{args_file}: {key} must list the model's {expected} names once each, in index "
+            f"order; found {found}. Fix {key} in {args_file.name}."
+        )
+    return listed
 
 
 def _st3_config(
     args: dict[str, Any],
     arch: ST3Arch | ST3PerturbationArch,
-    cell_types: list[str] | None,
+    names: _LabelNames,
     exp_dir: Path,
     weights: Path,
     file_hash: str,
     step: int | None,
+    upstream: _UpstreamClass | None = None,
 ) -> ModelConfig:
     """The native config of an st3 model: absorbing graph, st3's noise, genes by position."""
     perturbation_model = isinstance(arch, ST3PerturbationArch)
+    control = args.get("control_name") if perturbation_model else None
+    if names.perturbations is not None and control not in names.perturbations:
+        control = None  # with_label_files picks index 0, st3's control
     return ModelConfig(
         architecture="st3_perturbation" if perturbation_model else "st3",
         arch=arch,
@@ -247,8 +410,9 @@ def _st3_config(
         ),
         genes=[str(i) for i in range(arch.num_genes)],
         genes_by_position=True,
-        control_label=args.get("control_name") if perturbation_model else None,
-        cell_types=cell_types,
+        perturbations=names.perturbations,
+        control_label=control,
+        cell_types=names.cell_types,
         label_key=_label_key(args) if perturbation_model else None,
         label_kind="perturbation",
         provenance=Provenance(
@@ -259,6 +423,7 @@ def _st3_config(
             step=step,
             ema=False,
             training_args=args,
+            source_class=upstream.name if upstream is not None else None,
         ),
     )
 

@@ -339,14 +339,15 @@ def _evaluate_existing(out: Path, test: Path, args: argparse.Namespace) -> bool:
 
 
 def _evaluate(test: Path, out: Path, args: argparse.Namespace) -> None:
-    """``sedd evaluate --real TEST --generated OUT``, st3's ``--gene`` naming the test labels."""
+    """``sedd evaluate --real TEST --generated OUT --st3-metrics``, st3's ``--gene`` naming the
+    test labels: sedd's metrics, and st3's ``generation_metrics_*`` files beside them."""
     from sedd.commands import evaluate
 
     root = argparse.ArgumentParser(allow_abbrev=False)
     evaluate.register(root.add_subparsers())
     cmd = ["evaluate", "--real", str(test), "--generated", str(out),
            "--real-condition-key", args.gene, "--condition-key", "perturbation",
-           "--seed", str(args.seed)]  # fmt: skip
+           "--seed", str(args.seed), "--st3-metrics"]  # fmt: skip
     print(f"--evaluate: sedd {' '.join(cmd)}")
     parsed = root.parse_args(cmd)
     parsed.func(parsed)

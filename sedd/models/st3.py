@@ -29,7 +29,12 @@ returns a fresh tensor, not one it keeps.
 Models
 ------
 * ``SEDDTransformer`` / ``SEDDPerturbationTransformer`` (here): st3's x0 networks, with st3's
-  exact state-dict layout (vocab = num_bins + 1, mask index = num_bins).
+  exact state-dict layout (vocab = num_bins + 1, mask index = num_bins). The perturbation model
+  also covers two relatives by its ``conditioning`` and ``cell_types_required`` arguments:
+  aivc-dcm's ``SEDDPerturbationTransformerSeparateFiLM`` (one FiLM per signal, applied in turn,
+  same state-dict layout as DCM's) and st3's cell-type family
+  ``SEDDCellTypePerturbationTransformer`` (the summed model with cell types required; its
+  ``celltype_*`` weights are renamed on loading, ``sedd.checkpoints.st3``).
 * ``sedd.models.ddit.DDiT``: reference SEDD's diffusion transformer, score parametrisation. It
   shares ``sinusoidal_embedding``, ``RotaryEmbedding`` and ``rope_attention``
   (``sedd.models.layers``).
@@ -37,6 +42,8 @@ Models
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import torch
@@ -53,6 +60,7 @@ from sedd.models.layers import (
 from sedd.precision import ScoreModel
 
 __all__ = [
+    "Conditioning",
     "RotaryEmbedding",
     "SEDDPerturbationTransformer",
     "SEDDTransformer",
@@ -61,6 +69,10 @@ __all__ = [
     "rope_attention",
     "sinusoidal_embedding",
 ]
+
+# How the conditioning signals (time, perturbation[, cell type]) enter the adaLN layers:
+# "sum": one FiLM of their sum (st3); "separate_film": one FiLM per signal, in turn (aivc-dcm).
+Conditioning = Literal["sum", "separate_film"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,6 +103,35 @@ class AdaLayerNorm(nn.Module):
         return torch.addcmul(beta[:, None], gamma[:, None], F.layer_norm(x, (self.dim,)))
 
 
+class SeparateFiLMNorm(nn.Module):
+    """aivc-dcm's separate-FiLM adaLN: h = LayerNorm(x) (no affine), then for each signal s in
+    turn (time, perturbation, cell type when given): [gamma_s|beta_s] = W_s c_s + b_s and
+    h = gamma_s * h + beta_s.
+
+    ``c`` is (B, S, H): the S signals stacked in that order (S = 2 without a cell type).
+    """
+
+    def __init__(self, dim: int, cell_types: bool) -> None:
+        super().__init__()
+        self.dim = dim
+        self.time_gamma_beta = nn.Linear(dim, 2 * dim)
+        self.pert_gamma_beta = nn.Linear(dim, 2 * dim)
+        self.cell_type_gamma_beta: nn.Linear | None = None
+        if cell_types:
+            self.cell_type_gamma_beta = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        films = [self.time_gamma_beta, self.pert_gamma_beta, self.cell_type_gamma_beta]
+        h = F.layer_norm(x, (self.dim,))  # (B, L, H)
+        for film, signal in zip(films[: c.shape[1]], c.unbind(1), strict=True):
+            if film is None:
+                raise ValueError("a cell-type signal was given to a norm without cell types.")
+            # as in AdaLayerNorm: the product is taken in x's dtype (fp32 for the residual stream)
+            gamma, beta = film(signal).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
+            h = torch.addcmul(beta[:, None], gamma[:, None], h)
+        return h
+
+
 class ST3Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int) -> None:
         super().__init__()
@@ -118,14 +159,19 @@ class ST3FeedForward(nn.Module):
         return self.net(x)
 
 
+Norm = Callable[[int], nn.Module]  # dim -> an adaLN module taking (x, c)
+
+
 class ST3Block(nn.Module):
     """Pre-norm block: h = x + attn(adaLN(x, c)); out = h + ff(adaLN(h, c))."""
 
-    def __init__(self, dim: int, n_heads: int, ff_mult: int, dropout: float) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, ff_mult: int, dropout: float, norm: Norm = AdaLayerNorm
+    ) -> None:
         super().__init__()
-        self.attn_norm = AdaLayerNorm(dim)
+        self.attn_norm = norm(dim)
         self.attn = ST3Attention(dim, n_heads)
-        self.ff_norm = AdaLayerNorm(dim)
+        self.ff_norm = norm(dim)
         self.ff = ST3FeedForward(dim, ff_mult, dropout)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -138,7 +184,8 @@ class _ST3Base(nn.Module):
 
     ``c = time_embed(sigma)`` (+ conditioning added by subclasses), with
     time_embed = [sinusoidal(H) = [sin(sigma f), cos(sigma f)], f_i = 10000^(-i/(H/2))]
-    -> Linear(H, 4H) -> GELU -> Linear(4H, H). ``c`` enters adaLN without an activation.
+    -> Linear(H, 4H) -> GELU -> Linear(4H, H). ``c`` enters adaLN without an activation; it is
+    (B, H) for ``AdaLayerNorm`` and (B, S, H) for ``SeparateFiLMNorm`` (``norm`` picks one).
     GELU is exact (erf) and LayerNorm eps is 1e-5; these and the sin-then-cos order were pinned
     by matching st3's own outputs (tests/models/test_model_parity.py) to ~1e-9.
     """
@@ -155,6 +202,7 @@ class _ST3Base(nn.Module):
         ff_mult: int,
         dropout: float,
         max_seq_len: int | None,
+        norm: Norm = AdaLayerNorm,
     ) -> None:
         super().__init__()
         if hidden_dim % num_heads or (hidden_dim // num_heads) % 2:
@@ -175,9 +223,9 @@ class _ST3Base(nn.Module):
             nn.Linear(4 * hidden_dim, hidden_dim),
         )
         self.blocks = nn.ModuleList(
-            ST3Block(hidden_dim, num_heads, ff_mult, dropout) for _ in range(num_layers)
+            ST3Block(hidden_dim, num_heads, ff_mult, dropout, norm) for _ in range(num_layers)
         )
-        self.out_norm = AdaLayerNorm(hidden_dim)
+        self.out_norm = norm(hidden_dim)
         self.out_proj = nn.Linear(hidden_dim, self.vocab_size, bias=False)
 
     def _init_weights(self) -> None:
@@ -202,7 +250,7 @@ class _ST3Base(nn.Module):
     ) -> torch.Tensor:
         """x (B, L) tokens, sigma (B,) total noise -> logits (B, L, V) of the clean token."""
         check_inputs(x, sigma, self.max_seq_len)
-        c = self._condition(sigma, labels, cell_types)  # (B, H)
+        c = self._condition(sigma, labels, cell_types)  # (B, H), or (B, S, H) separate FiLM
         pos = torch.arange(x.shape[1], device=x.device)
         h = self.token_embed(x) + self.gene_embed(pos)[None]  # (B, L, H)
         for block in self.blocks:
@@ -258,7 +306,15 @@ class SEDDPerturbationTransformer(_ST3Base):
     """st3's perturbation model: c = time_embed(sigma) + pert_proj(e) [+ cell_type_proj(ct)].
 
     e = pert_embed(label) for a LongTensor (B,) of perturbation indices, or
-    e = precomputed_proj(v) for a FloatTensor (B, E) of precomputed vectors (e.g. ESM2).
+    e = precomputed_proj(v) for a FloatTensor (B, E) of precomputed vectors (e.g. ESM2);
+    ct = cell_type_embed(cell type index).
+
+    ``conditioning="separate_film"`` is aivc-dcm's SEDDPerturbationTransformerSeparateFiLM: the
+    same three signals are not summed but stacked, c = [time, pert, cell type] (B, S, H), and
+    every adaLN applies one FiLM per signal in that order (``SeparateFiLMNorm``).
+    ``cell_types_required`` refuses rows without a cell type, as st3's cell-type family
+    (SEDDCellTypePerturbationTransformer, the summed model) does; otherwise a missing cell type
+    leaves its signal out, as st3 and aivc-dcm do.
     """
 
     def __init__(
@@ -273,10 +329,25 @@ class SEDDPerturbationTransformer(_ST3Base):
         dropout: float = 0.1,
         precomputed_emb_dim: int | None = None,
         num_cell_types: int | None = None,
+        conditioning: Conditioning = "sum",
+        cell_types_required: bool = False,
     ) -> None:
+        match conditioning:
+            case "sum":
+                norm: Norm = AdaLayerNorm
+            case "separate_film":
+                norm = partial(SeparateFiLMNorm, cell_types=bool(num_cell_types))
+            case _:
+                raise ValueError(
+                    f"`conditioning` must be 'sum' or 'separate_film', got {conditioning!r}."
+                )
+        if cell_types_required and not num_cell_types:
+            raise ValueError("`cell_types_required` needs `num_cell_types` >= 1, got none.")
         super().__init__(
-            num_genes, num_bins, hidden_dim, num_layers, num_heads, ff_mult, dropout, None
+            num_genes, num_bins, hidden_dim, num_layers, num_heads, ff_mult, dropout, None, norm
         )
+        self.conditioning: Conditioning = conditioning
+        self.cell_types_required = cell_types_required
         self.num_perturbations = num_perturbations
         self.pert_embed = nn.Embedding(num_perturbations, hidden_dim)
         self.precomputed_proj: nn.Linear | None = None
@@ -315,7 +386,12 @@ class SEDDPerturbationTransformer(_ST3Base):
                 "`labels` must be a LongTensor (B,) or a FloatTensor (B, E), got "
                 f"{labels.dtype} of shape {tuple(labels.shape)}."
             )
-        c = self.time_embed(sigma) + self.pert_proj(pert)  # (B, H)
+        signals = [self.time_embed(sigma), self.pert_proj(pert)]  # (B, H) each
+        if cell_types is None and self.cell_types_required:
+            raise ValueError(
+                "`cell_types` is required by this model (st3's cell-type family): give every "
+                "row a cell type (a LongTensor (B,) of cell-type indices)."
+            )
         if cell_types is not None:
             if self.cell_type_embed is None or self.cell_type_proj is None:
                 raise ValueError(
@@ -326,5 +402,9 @@ class SEDDPerturbationTransformer(_ST3Base):
                 raise ValueError(
                     f"`cell_types` must have shape ({batch},), got {tuple(cell_types.shape)}."
                 )
-            c = c + self.cell_type_proj(self.cell_type_embed(cell_types))
-        return c
+            signals.append(self.cell_type_proj(self.cell_type_embed(cell_types)))
+        match self.conditioning:
+            case "sum":
+                return sum(signals[1:], start=signals[0])  # (B, H), summed left to right
+            case "separate_film":
+                return torch.stack(signals, dim=1)  # (B, S, H)

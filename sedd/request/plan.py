@@ -149,7 +149,12 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         labels = pd.Series(np.repeat(conditions, request.counts), index=frame.index)
         for column in loaded.config.label_columns:
             frame[column] = labels
-        frame["condition_idx"] = [known.index(p) if p in known else -1 for p in labels]
+        # the label's row in the model (an index file may leave rows unnamed, so this is not
+        # always its place in `known`); vector-conditioned models: its place in the vector file
+        named = loaded.config.perturbations or []
+        frame["condition_idx"] = [
+            named.index(p) if p in named else known.index(p) if p in known else -1 for p in labels
+        ]
         # a condition may be listed more than once: number its cells on
         frame["sample_idx"] = labels.groupby(labels, sort=False).cumcount()
     else:

@@ -20,5 +20,5 @@ def run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, check=False)  # fmt: skip
 
 
-def job(script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return run(["bash", str(ROOT / "scripts" / script)], **env)
+def job(script: str, *words: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run(["bash", str(ROOT / "scripts" / script), *words], **env)
