@@ -35,7 +35,7 @@ set -- ${WORDS[@]+"${WORDS[@]}"}
 require_experiment_dir slurm/inf_gen.sbatch
 OUTPUT_DIR=${OUTPUT_DIR:-$EXPERIMENT_DIR/inference}
 if [[ -z ${OUTPUT_PATH:-} && -n ${CONFIG:-} ]]; then  # st3's inference.output_path in CONFIG
-  OUTPUT_PATH=$("$(sedd_python)" -m sedd.commands.st3_flags "$CONFIG" inference.output_path)
+  OUTPUT_PATH=$("$(sedd_python)" -m sedd.commands.st3_config "$CONFIG" inference.output_path)
 fi
 if [[ -n ${OUTPUT_PATH:-} ]]; then  # the shards go beside the file they merge into
   OUTPUT_DIR=$(dirname "$OUTPUT_PATH")

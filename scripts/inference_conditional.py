@@ -4,7 +4,8 @@ A thin wrapper: flags and outputs are described in ``sedd.commands.st3_scripts``
 ``sedd.run.generate``, the loop every other entry point uses. ``--help`` lists the flags.
 """
 
-from sedd.commands.st3_scripts import inference_conditional, script_main
+from sedd.commands.st3_scripts import inference_conditional
+from sedd.commands.st3_words import script_main
 
 if __name__ == "__main__":
     script_main(inference_conditional)

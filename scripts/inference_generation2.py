@@ -3,7 +3,8 @@ mismatch branches): the same drop-in as `scripts/inference_generation.py`, whose
 covers both versions (their comparison-only flags are accepted and noted).
 """
 
-from sedd.commands.st3_scripts import inference_generation, script_main
+from sedd.commands.st3_scripts import inference_generation
+from sedd.commands.st3_words import script_main
 
 if __name__ == "__main__":
     script_main(inference_generation)

@@ -6,7 +6,7 @@ the engine's imputation path, the one `sedd impute` uses. ``--help`` lists the f
 """
 
 from sedd.commands.st3_imputation import inference_imputation
-from sedd.commands.st3_scripts import script_main
+from sedd.commands.st3_words import script_main
 
 if __name__ == "__main__":
     script_main(inference_imputation)

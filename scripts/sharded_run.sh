@@ -115,7 +115,7 @@ merge_now() {
   [[ ${OVERWRITE:-0} != 1 ]] || overwrite=(--overwrite)
   "$(sedd_executable)" merge "$OUTPUT_DIR" --out "$MERGED_FILE" "${overwrite[@]}"
   if [[ ${EVALUATE:-false} == true ]]; then
-    "$(sedd_python)" -m sedd.commands.st3_scripts "$MERGED_FILE"
+    "$(sedd_python)" -m sedd.commands.st3_evaluate "$MERGED_FILE"
   fi
 }
 

@@ -25,6 +25,12 @@ from typing import Any
 import torch
 
 from sedd.checkpoints.io import CheckpointError, read_safetensors, read_torch_file, require_file
+from sedd.checkpoints.label_files import (
+    index_map_names,
+    label_file_kind,
+    read_mapping_file,
+    reject_duplicate_keys,
+)
 from sedd.checkpoints.loaded import SourceParts
 from sedd.checkpoints.schema import ModelConfig
 
@@ -78,12 +84,12 @@ def read_gene_list(path: str | Path, num_genes: int, *, fix: str = _GENE_LIST_FI
 def _json_gene_names(path: Path, num_genes: int, fix: str) -> list[str]:
     """A JSON list of names (entry i names gene i), or ``{name: index}``."""
     try:
-        data = json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
+        data = json.loads(path.read_text(), object_pairs_hook=reject_duplicate_keys)
     except UnicodeDecodeError:
         raise CheckpointError(f"{path} is not a JSON text file; {fix}.") from None
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err}); {fix}.") from None
-    except ValueError as err:  # a key given twice (_reject_duplicate_keys)
+    except ValueError as err:  # a key given twice (reject_duplicate_keys)
         raise CheckpointError(f"{path}: gene {err}; each gene must appear once.") from None
     if isinstance(data, list) and all(isinstance(name, str) for name in data):
         return data
@@ -150,95 +156,6 @@ def _names_from_list(names: list[Any], expected: int, file: Path, kind: str) -> 
     return names
 
 
-def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    repeated = [key for key, n in Counter(k for k, _ in pairs).items() if n > 1]
-    if repeated:
-        raise ValueError(f"names listed more than once: {repeated[:10]}")
-    return dict(pairs)
-
-
-def _scalar_index(value: Any) -> int | None:
-    """``value`` as a label index when it is one (an int, or a 0-d integer tensor), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
-        return int(value)
-    return None
-
-
-def label_file_kind(path: str | Path) -> str:
-    """What a ``{name: ...}`` label file holds: ``"indices"`` (``{name: int}``, DCM's scalar
-    conditional labels), ``"vectors"`` (``{name: tensor}``, e.g. ESM2) or ``"names"`` (anything
-    else: a list, or text). Only ``.pt``/``.pth``/``.json``/``.safetensors`` files are opened."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        return "vectors"
-    if path.suffix not in (".pt", ".pth", ".json"):
-        return "names"
-    data = _read_mapping_file(require_file(path, "label file"))
-    if isinstance(data, dict) and data:
-        values = list(data.values())
-        if all(_scalar_index(v) is not None for v in values):
-            return "indices"
-        if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
-            return "vectors"
-    return "names"
-
-
-def _read_mapping_file(path: Path) -> Any:
-    if path.suffix in (".pt", ".pth"):
-        return read_torch_file(path)
-    if path.suffix == ".json":
-        try:
-            return json.loads(path.read_text(), object_pairs_hook=_reject_duplicate_keys)
-        except ValueError as err:  # JSONDecodeError is a ValueError too
-            raise CheckpointError(f"{path}: {err}; each label must appear once.") from None
-    lines = path.read_text().splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    names = [line.strip() for line in lines]
-    if "" in names:
-        raise CheckpointError(
-            f"{path} has an empty line {names.index('') + 1}; line i must name label index i."
-        )
-    return names
-
-
-def index_map_names(
-    mapping: dict[Any, Any], expected: int, file: Path, kind: str
-) -> list[str | None]:
-    """``{name: index}`` as training used it (DCM's scalar label files): names by index, ``None``
-    where no name has that index. Names mapped to -1 (absent when the file was built) are left
-    out; two names on one index, or an index outside the model's rows, are refused."""
-    by_index: dict[int, str] = {}
-    for name, value in mapping.items():
-        index = _scalar_index(value)
-        if index is None:
-            raise CheckpointError(
-                f"{file}: {kind} {name!r} maps to {value!r}; a label index file maps every name "
-                "to an integer. Pass the file training used."
-            )
-        if index == -1:
-            continue  # DCM writes -1 for a name it did not find: it has no row
-        if not 0 <= index < expected:
-            raise CheckpointError(
-                f"{file}: {kind} {name!r} has index {index}, but the model has {expected} "
-                f"{kind} rows (0..{expected - 1}); pass the index file this checkpoint was "
-                "trained with."
-            )
-        if index in by_index:
-            raise CheckpointError(
-                f"{file}: {kind}s {by_index[index]!r} and {name!r} share index {index}; each "
-                "index must name one label."
-            )
-        by_index[index] = str(name)
-    if not by_index:
-        raise CheckpointError(f"{file} gives no {kind} a usable index (all are -1).")
-    return [by_index.get(i) for i in range(expected)]
-
-
 def read_label_mapping(
     path: str | Path, expected: int, kind: str = "perturbation", control: str | None = None
 ) -> list[str | None]:
@@ -252,7 +169,7 @@ def read_label_mapping(
       refused, since no order can be proven to match training.
     """
     path = require_file(Path(path), f"{kind} mapping")
-    mapping = _read_mapping_file(path)
+    mapping = read_mapping_file(path)
     if isinstance(mapping, list | tuple):
         names = _names_from_list(list(mapping), expected, path, kind)
         if control is not None and control in names and names[0] != control:
@@ -390,7 +307,7 @@ def _list_beside_index_file(
     """A note when a name list was given beside the index file: its order is not used, and
     where st3's reading of it (control 0, the others in order) would give another index."""
     try:
-        data = _read_mapping_file(Path(listed_file))
+        data = read_mapping_file(Path(listed_file))
     except (CheckpointError, OSError, UnicodeDecodeError):
         data = None
     if not isinstance(data, list):
@@ -400,6 +317,8 @@ def _list_beside_index_file(
     index = {name: i for i, name in enumerate(names) if name is not None}
     moved = [(n, i, index[n]) for i, n in enumerate(order) if n in index and index[n] != i]
     unknown = [n for n in listed if n not in index]
+    if not moved and not unknown:
+        return []  # the list agrees with the index file: nothing to say
     note = f"{listed_file}: its order is not used; {index_file} gives each name its index"
     if moved:
         name, by_order, by_file = moved[0]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -66,6 +66,7 @@ from sedd.checkpoints.schema import (
     ST3PerturbationArch,
     TokenConfig,
 )
+from sedd.checkpoints.st3_families import UpstreamClass, upstream_class, with_st3_names
 from sedd.io.files import sha256_file
 
 __all__ = [
@@ -122,104 +123,11 @@ def _state_from_payload(payload: Any, file: Path) -> dict[str, torch.Tensor]:
     )
 
 
-_Family = Literal["st3", "st3_perturbation", "separate_film", "cell_type"]
-
-# The upstream classes we can build: a family, then optionally a size (which sets only upstream's
-# default dimensions; args.json and the tensor shapes give the real ones).
-_UPSTREAM_CLASS = re.compile(
-    r"(?P<family>SEDDTransformer|SEDDPerturbationTransformer(?:SeparateFiLM)?"
-    r"|SEDDCellTypePerturbationTransformer)(?:Small|Medium|Large)?"
-)
-_KNOWN_CLASSES = (
-    "SEDDTransformer, SEDDPerturbationTransformer, SEDDPerturbationTransformerSeparateFiLM, "
-    "SEDDCellTypePerturbationTransformer, each alone or + Small, Medium or Large"
-)
-_CELL_TYPE_SIZES = ("small", "medium", "large")  # st3's cell-type trainer's --model_size
-# st3's cell-type family names its weights its own way; the network is st3's summed model
-_CELL_TYPE_RENAMES = (
-    ("celltype_embed.", "cell_type_embed."),
-    ("celltype_proj.", "cell_type_proj."),
-    ("precomputed_pert_proj.", "precomputed_proj."),
-)
-
-
-@dataclass(frozen=True)
-class _UpstreamClass:
-    """The class an experiment was trained as (``SEDDPerturbationTransformerSeparateFiLMSmall``,
-    say): a name ``_UPSTREAM_CLASS`` matches."""
-
-    name: str
-
-    @property
-    def family(self) -> _Family:
-        found = _UPSTREAM_CLASS.fullmatch(self.name)
-        match found.group("family") if found else None:
-            case "SEDDTransformer":
-                return "st3"
-            case "SEDDPerturbationTransformer":
-                return "st3_perturbation"
-            case "SEDDPerturbationTransformerSeparateFiLM":
-                return "separate_film"
-            case "SEDDCellTypePerturbationTransformer":
-                return "cell_type"
-            case _:
-                raise ValueError(f"{self.name!r} is not an upstream class sedd can build.")
-
-
-def _upstream_class(
-    args: dict[str, Any], state: dict[str, torch.Tensor], args_file: Path
-) -> _UpstreamClass | None:
-    """What the experiment says it is: args.json's ``model_name`` (aivc-dcm), else its
-    ``model_size`` (st3's cell-type trainer), else ``celltype_*`` weights; None for st3's own
-    experiments, which name no class."""
-    name = args.get("model_name")
-    if name is not None:
-        if not isinstance(name, str) or not _UPSTREAM_CLASS.fullmatch(name):
-            raise CheckpointError(
-                f"{args_file} asks for model_name {name!r}, which sedd cannot build; known: "
-                f"{_KNOWN_CLASSES}. Fix model_name to the class the weights were trained as."
-            )
-        return _UpstreamClass(name)
-    size = args.get("model_size")
-    if size is not None:
-        if size not in _CELL_TYPE_SIZES:
-            raise CheckpointError(
-                f"{args_file} asks for model_size {size!r}, which st3's cell-type trainer does "
-                f"not write; known: {', '.join(_CELL_TYPE_SIZES)}. Fix model_size."
-            )
-        return _UpstreamClass(f"SEDDCellTypePerturbationTransformer{size.capitalize()}")
-    if any(key.startswith(("celltype_embed.", "celltype_proj.")) for key in state):
-        return _UpstreamClass("SEDDCellTypePerturbationTransformer")
-    return None
-
-
-def _with_st3_names(
-    state: dict[str, torch.Tensor], upstream: _UpstreamClass | None, weights: Path
-) -> dict[str, torch.Tensor]:
-    """The weights under our names: st3's cell-type family renamed, the rest as they are."""
-    if upstream is None or upstream.family != "cell_type":
-        return state
-    if any(key.startswith("precomputed_celltype_proj.") for key in state):
-        raise CheckpointError(
-            f"{weights} holds precomputed_celltype_proj: its cell types were trained as vectors "
-            "(st3's --celltype_labels_pt_path), and sedd gives cell types by index only; use a "
-            "model trained with cell-type indices."
-        )
-    renamed = {}
-    for key, value in state.items():
-        for old, new in _CELL_TYPE_RENAMES:
-            if key.startswith(old):
-                key = new + key.removeprefix(old)
-                break
-        renamed[key] = value
-    return renamed
-
-
 def _st3_arch(
     args: dict[str, Any],
     state: dict[str, torch.Tensor],
     args_file: Path,
-    upstream: _UpstreamClass | None = None,
+    upstream: UpstreamClass | None = None,
 ) -> ST3Arch | ST3PerturbationArch:
     """Constructor arguments from args.json, falling back to tensor shapes; ``upstream`` (when
     the experiment names its class) decides the family, else the weights do."""
@@ -298,8 +206,8 @@ def load_st3(
     weights = choose_st3_checkpoint(exp_dir, checkpoint)
     payload = read_torch_file(weights)
     state = _state_from_payload(payload, weights)
-    upstream = _upstream_class(args, state, args_file)
-    state = _with_st3_names(state, upstream, weights)
+    upstream = upstream_class(args, state, args_file)
+    state = with_st3_names(state, upstream, weights)
     arch = _st3_arch(args, state, args_file, upstream)
     names = _label_names(args, arch, args_file)
     file_hash = sha256_file(weights)
@@ -392,7 +300,7 @@ def _st3_config(
     weights: Path,
     file_hash: str,
     step: int | None,
-    upstream: _UpstreamClass | None = None,
+    upstream: UpstreamClass | None = None,
 ) -> ModelConfig:
     """The native config of an st3 model: absorbing graph, st3's noise, genes by position."""
     perturbation_model = isinstance(arch, ST3PerturbationArch)

@@ -20,11 +20,8 @@ nor ``--perturbations`` for ``--perturbations_file``.
 from __future__ import annotations
 
 import argparse
-import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from sedd.defaults import CELLS_PER_PERTURBATION, PREDICTORS
@@ -320,153 +317,6 @@ def add_st3_flags(p: argparse.ArgumentParser, script: Script) -> None:
         p.add_argument(f.flag, dest=f.dest, **f.kwargs)
 
 
-# Job-script variables whose flag is not "--" + their lower-case name (the rest map that way:
-# EXPERIMENT_DIR=... is --experiment_dir ..., NUM_STEPS=100 is --num_steps 100).
-JOB_VARIABLES = {
-    "GENES_FILE": "--genes",
-    "PERTURBATION_MAP": "--perturbations_all_file",  # sedd's older name for it
-}
-_WORD = re.compile(r"([A-Z][A-Z0-9_]*)=(.*)", re.DOTALL)
-
-
-def words_as_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], bool]:
-    """(``argv`` with st3's and DCM's ``KEY=VALUE`` words as flags, whether any were).
-
-    DCM's README runs ``inference_conditional.py EXPERIMENT_DIR=... CELL_TYPE=...
-    NUM_SAMPLES_PER_PERT=1000 NUM_STEPS=100``: each upper-case word names a flag or a job-script
-    variable. A switch takes true/false (or 1/0); a word naming nothing is refused, naming it."""
-    options = {o: a for a in parser._actions for o in a.option_strings}
-    words, changed = [], False
-    for word in argv:
-        match = _WORD.fullmatch(word)
-        if match is None:
-            words.append(word)
-            continue
-        key, value = match.groups()
-        flag = JOB_VARIABLES.get(key, "--" + key.lower())
-        action = options.get(flag)
-        if action is None:
-            known = sorted(o[2:].upper() for o in options if o[:2] == "--" and "-" not in o[2:])
-            raise ValueError(
-                f"{key}={value}: {parser.prog} has no flag {flag} and no job-script variable "
-                f"{key}; use one of {', '.join(known[:40])}."
-            )
-        changed = True
-        if action.nargs == 0:  # a switch: st3's EVALUATE=true
-            if value.lower() in ("true", "1", "yes"):
-                words.append(flag)
-            elif value.lower() not in ("false", "0", "no", ""):
-                raise ValueError(f"{key}={value}: use true or false.")
-        elif action.nargs in ("+", "*"):
-            words += [flag, *value.split()]
-        else:
-            words += [flag, value]
-    return words, changed
-
-
-# sedd's own names in library messages -> what the st3 scripts call them (the scripts print
-# every error with their own flags and job-script variables).
-_ALL_FILE = "(job scripts: PERTURBATIONS_ALL_FILE)"
-_SCRIPT_WORDS = (
-    ("--perturbation-map FILE", f"--perturbations_all_file FILE {_ALL_FILE}"),
-    ("--perturbation-map", f"--perturbations_all_file {_ALL_FILE}"),
-    ("--vectors", "--cond_labels_pt_path (job scripts: COND_LABELS_PT_PATH)"),
-    ("--genes FILE", "--genes FILE (job scripts: GENES_FILE)"),
-    ("--real-condition-key", "--gene"),
-    ("--cell-type", "--cell_type"),
-    ("--batch-size", "--batch_size"),
-    ("--steps", "--num_steps"),
-    ("`steps`", "--num_steps"),
-    ("sedd.load(..., genes=FILE)", "GENES_FILE=FILE"),
-    ("read a counts layer with layer=...", "write raw counts to .X (st3's scripts read .X)"),
-    ("pass layer=...", "write raw counts to .X (st3's scripts read .X)"),
-)
-
-
-def in_script_words(message: str, script: Script) -> str:
-    """``message`` with sedd's flag names replaced by the st3 script's own."""
-    cells = "--num_generate" if script == "generation" else "--num_samples_per_pert"
-    for ours, theirs in (*_SCRIPT_WORDS, ("`cells_per_condition`", cells),
-                         ("cells_per_condition", cells)):  # fmt: skip
-        if theirs not in message:
-            message = message.replace(ours, theirs)
-    return message
-
-
-class ConfigError(ValueError):
-    """A ``--config`` file that cannot be read or holds a value of the wrong type."""
-
-
-def config_path(argv: list[str]) -> str | None:
-    """``--config``'s value, read before the full parse (as st3 does: the YAML sets defaults)."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=None)
-    known, _ = pre.parse_known_args(argv)
-    return known.config
-
-
-def read_st3_config(
-    path: str, script: Script, parser: argparse.ArgumentParser
-) -> tuple[dict[str, Any], list[str]]:
-    """(Defaults for ``parser`` from the YAML at ``path``, keys no flag of ``script`` reads).
-
-    A value of the wrong type is a ``ConfigError`` naming the file, the key and the value; a
-    null value counts as unset (the script's default applies)."""
-    data = _load_yaml(path)
-    actions = {a.dest: a for a in parser._actions}
-    defaults: dict[str, Any] = {}
-    for f in flags_for(script):
-        for section, key in f.yaml:
-            body = data.get(section)
-            value = body.get(key) if isinstance(body, dict) else None
-            if value is not None and f.dest not in defaults:
-                defaults[f.dest] = _typed(value, actions[f.dest], f"{path}: {section}.{key}")
-    readable = {key for f in flags_for(script) for key in f.yaml}
-    unused = []
-    for section, body in data.items():
-        if isinstance(body, dict) and section in ("data", "inference", "other"):
-            unused += [f"{section}.{k}" for k in body if (section, k) not in readable]
-        else:
-            unused.append(f"{section} (section)")
-    return defaults, unused
-
-
-def _load_yaml(path: str) -> dict[str, Any]:
-    """The st3 YAML at ``path``; ``ConfigError`` when it is missing, not YAML or not sections."""
-    import yaml  # only st3 configs need it
-
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"--config {path}: file not found (st3 refuses it too); fix the path.")
-    try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigError(f"--config {path}: not valid YAML ({first}).") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected sections data/inference/other, got "
-                          f"{type(data).__name__}.")  # fmt: skip
-    return data
-
-
-def _typed(value: Any, action: argparse.Action, where: str) -> Any:
-    """``value`` as the flag's type; ``ConfigError`` naming ``where`` when it is not one."""
-    if isinstance(action, argparse._StoreTrueAction):
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where} must be true or false, got {value!r}.")
-    kind = action.type or str
-    if (kind is int and isinstance(value, bool)) or isinstance(value, (dict, list)):
-        raise ConfigError(f"{where} must be a {kind.__name__}, got {value!r}.")
-    try:
-        typed = kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where} must be a {kind.__name__}, got {value!r}.") from None
-    if kind is int and typed != value and not isinstance(value, str):  # 2.5 is not an int
-        raise ConfigError(f"{where} must be a whole number, got {value!r}.")
-    return typed
-
-
 def notes_for(script: Script, given: set[str]) -> list[str]:
     """One line per noted flag that was set (on the command line or by the YAML)."""
     return [
@@ -474,20 +324,3 @@ def notes_for(script: Script, given: set[str]) -> list[str]:
         for f in flags_for(script)
         if f.noted and f.dest in given
     ]
-
-
-def yaml_value(path: str, section: str, key: str) -> str:
-    """``section.key`` of the st3 YAML at ``path`` as text, "" when unset (what a job script
-    needs before it runs the script: generation's ``inference.output_path`` names the file the
-    shards merge into)."""
-    body = _load_yaml(path).get(section)
-    value = body.get(key) if isinstance(body, dict) else None
-    return "" if value is None else str(value)
-
-
-if __name__ == "__main__":  # python -m sedd.commands.st3_flags CONFIG SECTION.KEY (job scripts)
-    try:
-        print(yaml_value(sys.argv[1], *sys.argv[2].split(".", 1)))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None

@@ -55,7 +55,8 @@ from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_progress_argument
 from sedd.commands.output import check_h5ad_name, request_from_args
 from sedd.commands.st3_flags import add_st3_flags, flags_for
-from sedd.commands.st3_scripts import OVERWRITE, _load, _parse, _write
+from sedd.commands.st3_outputs import OVERWRITE, write_result
+from sedd.commands.st3_scripts import _load, _parse
 from sedd.defaults import MAX_SEED, PREDICTORS
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.io.files import refuse_existing, write_bytes_atomic
@@ -306,7 +307,7 @@ def inference_imputation(argv: Sequence[str] | None = None) -> int:
     if args.overwrite:  # the old result goes before the new one is sampled
         for path in _existing_results(out_dir):
             path.unlink()
-    _write(loaded, request, args, out, "inference_imputation", extra)
+    write_result(loaded, request, args, out, "inference_imputation", extra)
     written = anndata.read_h5ad(out)
     if list(written.obs_names) != list(cells.obs_names):  # a bug, not a user error
         raise RuntimeError(f"{out}: the imputed cells are not --data_path's, in order.")

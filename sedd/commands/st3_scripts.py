@@ -23,41 +23,31 @@ directory; ``sedd merge`` joins them.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_progress_argument, add_shard_arguments
 from sedd.commands.loading import load_from_args
-from sedd.commands.output import (
-    check_h5ad_name,
-    claim_output,
-    request_from_args,
-    run_shard,
-    settings_from_args,
-    write_one_file,
+from sedd.commands.output import request_from_args
+from sedd.commands.st3_config import config_path, read_st3_config
+from sedd.commands.st3_evaluate import (
+    check_evaluation,
+    evaluate_existing,
+    evaluate_result,
+    evaluation_args,
 )
-from sedd.commands.st3_flags import (
-    Script,
-    add_st3_flags,
-    config_path,
-    in_script_words,
-    notes_for,
-    read_st3_config,
-    words_as_flags,
-)
+from sedd.commands.st3_flags import Script, add_st3_flags, notes_for
+from sedd.commands.st3_outputs import refuse_early, shard_of, write_result
+from sedd.commands.st3_words import words_as_flags
 from sedd.defaults import default_device
-from sedd.io.files import refuse_existing, write_json_atomic
+from sedd.io.files import write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
-from sedd.request.plan import GenerationRequest, plan
-from sedd.shards.ranges import Shard, ShardError, resolve_shard
-
-METADATA = "generation_metadata.json"
-OVERWRITE = "--overwrite (job scripts: OVERWRITE=1)"
+from sedd.request.plan import GenerationRequest
+from sedd.shards.ranges import ShardError
 
 
 def _parser(script: Script, description: str) -> argparse.ArgumentParser:
@@ -126,100 +116,13 @@ def _sampling_request(
     return request_from_args(args, cells_per_condition=cells_per_condition, conditions=conditions)
 
 
-def _shard(args: argparse.Namespace) -> Shard:
-    return resolve_shard(args.num_shards, args.shard_index)
-
-
-def _metadata_path(out: Path) -> Path:
-    """st3's ``generation_metadata.json`` beside ``generated_cells.h5ad``; beside a file named
-    otherwise (``--output_path``), ``<stem>.generation_metadata.json``."""
-    if out.name == "generated_cells.h5ad":
-        return out.parent / METADATA
-    return out.with_name(f"{out.stem}.{METADATA}")
-
-
-def _refuse_early(out: Path, args: argparse.Namespace) -> Path:
-    """``out``, or the refusal to replace it (or to name it other than .h5ad), before the model
-    is even loaded."""
-    check_h5ad_name(out, "--output_path")
-    refuse_existing(out, overwrite=args.overwrite, flag=OVERWRITE)
-    return out
-
-
-def _claim(out: Path, args: argparse.Namespace, also: tuple[Path, ...] = ()) -> None:
-    """Before any sampling: refuse when ``out`` holds an earlier run's cells (unless
-    ``--overwrite``); when it does and may be replaced, the records that describe the old cells
-    go first, so no moment leaves metadata of one run beside the cells of another."""
-    claim_output(out, args.overwrite, flag="--output_path", overwrite_flag=OVERWRITE,
-                 also=(_metadata_path(out), *also))  # fmt: skip
-
-
-_SHARD_FLAGS = ("--num-shards", "--num_shards", "--shard-index", "--shard_index")
-
-
-def _argv() -> list[str]:
-    """The command line without the shard flags (the same for every shard of a run)."""
-    argv, words = [], iter(sys.argv[1:])
-    for word in words:
-        if word in _SHARD_FLAGS:
-            next(words, None)  # its value
-        elif word.split("=", 1)[0] not in _SHARD_FLAGS:
-            argv.append(word)
-    return argv
-
-
-def _write(
-    loaded: LoadedModel,
-    request: GenerationRequest,
-    args: argparse.Namespace,
-    out: Path,
-    script: str,
-    extra: dict[str, Any] | None = None,
-    also: tuple[Path, ...] = (),
-) -> Path | None:
-    """One file (``out`` + metadata), or this process's shard of the directory ``out`` will be
-    merged from. A sharded run writes its metadata first (every shard the same, naming the
-    request whose merged shards become ``out``); a sharded run with ``--overwrite`` removes the
-    old ``out`` too, which the merge would replace."""
-    shard, planned = _shard(args), plan(loaded, request)
-    _claim(out, args, also + ((out,) if shard.count > 1 else ()))
-    metadata = {
-        "script": script,
-        "argv": _argv(),
-        "args": {k: (sorted(v) if isinstance(v, set) else str(v) if isinstance(v, Path) else v)
-                 for k, v in vars(args).items() if k not in ("shard_index", "num_shards")},
-        "model": str(loaded.path),
-        "model_sha256": loaded.file_hash,
-        "request": request.record(),
-        "output": str(out),
-        "genes": len(loaded.config.genes),
-        "num_cells": len(planned),
-        **(extra or {}),
-    }  # fmt: skip
-    if shard.count > 1:
-        metadata.update(status="sharded: merged by `sedd merge`", num_shards=shard.count)
-        write_json_atomic(_metadata_path(out), metadata)
-        run_shard(
-            planned, args.precision, out.parent, shard, settings=settings_from_args(args),
-            progress=args.progress,
-        )  # fmt: skip
-        print(f"when every shard is done: sedd merge {out.parent} --out {out}")
-        return None
-    summary = write_one_file(
-        planned, args.precision, out, settings=settings_from_args(args), progress=args.progress
-    )
-    metadata.update(num_cells=summary["cells"], summary=summary)
-    write_json_atomic(_metadata_path(out), metadata)
-    return out
-
-
 def inference_generation(argv: Sequence[str] | None = None) -> int:
     p = _parser(
         "generation", "Generate cells of an unconditional model (st3 inference_generation)."
     )
     args = _parse(p, "generation", argv)
     out_dir = args.output_dir or Path(args.experiment_dir) / "inference"
-    out = _refuse_early(
+    out = refuse_early(
         Path(args.output_path) if args.output_path else out_dir / "generated_cells.h5ad", args
     )
     loaded = _load(args)
@@ -231,7 +134,7 @@ def inference_generation(argv: Sequence[str] | None = None) -> int:
             "(or `sedd predict`)."
         )
     request = _sampling_request(args, args.num_generate, None)
-    _write(loaded, request, args, out, "inference_generation")
+    write_result(loaded, request, args, out, "inference_generation")
     return 0
 
 
@@ -283,94 +186,24 @@ def _conditions(loaded: LoadedModel, names: list[str] | None, args: Any) -> list
     return chosen
 
 
-def _evaluation_args(args: argparse.Namespace) -> Path | None:
-    """``--test_data_path`` when ``--evaluate`` asks for it, checked before any sampling."""
-    if not args.evaluate:
-        return None
-    if args.test_data_path is None:
-        raise ValueError("--evaluate needs --test_data_path FILE.h5ad (or data.test_data_path in "
-                         "--config): the real cells to compare with.")  # fmt: skip
-    test = Path(args.test_data_path)
-    if not test.is_file():
-        raise FileNotFoundError(f"--test_data_path {test}: file not found.")
-    if _shard(args).count > 1:
-        print("--evaluate: a sharded run is evaluated after `sedd merge DIR --out FILE`, by "
-              "`python -m sedd.commands.st3_scripts FILE` (the job scripts do so).")  # fmt: skip
-    return test
-
-
-def _check_evaluation(loaded: LoadedModel, test: Path, args: argparse.Namespace) -> None:
-    """Before any sampling: the test cells carry ``--gene`` and share genes with the model."""
-    import anndata  # slow to import; only --evaluate needs it here
-
-    real = anndata.read_h5ad(test, backed="r")
-    try:
-        genes, columns = set(map(str, real.var_names)), list(real.obs.columns)
-    finally:
-        real.file.close()
-    if args.gene not in columns:
-        raise ValueError(f"--evaluate: --test_data_path {test} has no obs column {args.gene!r} "
-                         f"(--gene, or data.gene in --config); its columns: {columns[:12]}. "
-                         "Checked before sampling: nothing was generated.")  # fmt: skip
-    shared = sum(g in genes for g in loaded.config.genes)
-    if shared < 2:
-        hint = ("the model's genes are named by position ('0', '1', ...): pass --genes FILE "
-                "(job scripts: GENES_FILE) listing the training genes in order"
-                if loaded.config.genes_by_position else
-                "pass test cells measured on the model's genes")  # fmt: skip
-        raise ValueError(f"--evaluate: --test_data_path {test} shares {shared} gene names with "
-                         f"the model ({len(loaded.config.genes)} genes, e.g. "
-                         f"{loaded.config.genes[:3]}); {hint}. Checked before sampling: nothing "
-                         "was generated.")  # fmt: skip
-
-
-def _evaluate_existing(out: Path, test: Path, args: argparse.Namespace) -> bool:
-    """``--evaluate`` when the result exists and ``--overwrite`` was not given: evaluate it as
-    it is (no resampling), saying which run wrote it."""
-    if args.overwrite or not out.is_file() or _shard(args).count > 1:
-        return False
-    meta = _metadata_path(out)
-    recorded = json.loads(meta.read_text()).get("argv") if meta.is_file() else None
-    wrote = f" (written by: {shlex.join(recorded)})" if isinstance(recorded, list) else ""
-    print(f"--evaluate: {out} exists{wrote}; evaluating it without sampling again (pass "
-          f"{OVERWRITE} to sample anew).")  # fmt: skip
-    _evaluate(test, out, args)
-    return True
-
-
-def _evaluate(test: Path, out: Path, args: argparse.Namespace) -> None:
-    """``sedd evaluate --real TEST --generated OUT --st3-metrics``, st3's ``--gene`` naming the
-    test labels: sedd's metrics, and st3's ``generation_metrics_*`` files beside them."""
-    from sedd.commands import evaluate
-
-    root = argparse.ArgumentParser(allow_abbrev=False)
-    evaluate.register(root.add_subparsers())
-    cmd = ["evaluate", "--real", str(test), "--generated", str(out),
-           "--real-condition-key", args.gene, "--condition-key", "perturbation",
-           "--seed", str(args.seed), "--st3-metrics"]  # fmt: skip
-    print(f"--evaluate: sedd {' '.join(cmd)}")
-    parsed = root.parse_args(cmd)
-    parsed.func(parsed)
-
-
 def inference_conditional(argv: Sequence[str] | None = None) -> int:
     p = _parser("conditional", "Generate cells per perturbation (st3 inference_conditional).")
     args = _parse(p, "conditional", argv)
-    names, test = _names(args), _evaluation_args(args)
+    names, test = _names(args), evaluation_args(args)
     out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results"
-    if test is not None and _evaluate_existing(out_dir / "generated_cells.h5ad", test, args):
+    if test is not None and evaluate_existing(out_dir / "generated_cells.h5ad", test, args):
         return 0
-    out = _refuse_early(out_dir / "generated_cells.h5ad", args)
+    out = refuse_early(out_dir / "generated_cells.h5ad", args)
     loaded = _load(args)
     if test is not None:
-        _check_evaluation(loaded, test, args)
+        check_evaluation(loaded, test, args)
     request = _sampling_request(args, args.num_samples_per_pert, _conditions(loaded, names, args))
     skipped = {"skipped_perturbations": args.skipped_perturbations}
-    written = _write(loaded, request, args, out, "inference_conditional", skipped)
+    written = write_result(loaded, request, args, out, "inference_conditional", skipped)
     if args.skipped_perturbations:
         print(f"skipped (not known to the model): {args.skipped_perturbations[:20]}")
     if written and test is not None:
-        _evaluate(test, out, args)
+        evaluate_result(test, out, args)
     return 0
 
 
@@ -399,13 +232,13 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     if not args.reference_data:
         raise ValueError("the held-out real cells are needed: pass --data_path FILE.h5ad (or "
                          "data.test_data_path in --config).")  # fmt: skip
-    if _shard(args).count > 1:
+    if shard_of(args).count > 1:
         raise ShardError(
             "inference_perturbseq evaluates all cells at once; for sharded runs use `sedd "
             "predict --out-dir`, `sedd merge`, then `sedd evaluate`."
         )
     out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results" / "perturbseq"
-    out = _refuse_early(out_dir / "generated_cells.h5ad", args)
+    out = refuse_early(out_dir / "generated_cells.h5ad", args)
     loaded = _load(args)
     from sedd.eval.st3 import held_out_reference, perturbseq_metrics
 
@@ -430,7 +263,7 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     request = _sampling_request(args, args.num_samples_per_pert, conditions)
     extra, metrics_file = reference.describe(), out_dir / "metrics.json"
     extra["skipped_perturbations"] = args.skipped_perturbations
-    _write(loaded, request, args, out, "inference_perturbseq", extra, also=(metrics_file,))
+    write_result(loaded, request, args, out, "inference_perturbseq", extra, also=(metrics_file,))
     metrics = perturbseq_metrics(reference, out, n_pcs=args.n_pcs, seed=args.seed)
     write_json_atomic(metrics_file, metrics)
     overall = metrics["overall"]
@@ -444,44 +277,3 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         f"metrics: {out_dir / 'metrics.json'}"
     )
     return 0
-
-
-def evaluate_merged(argv: Sequence[str] | None = None) -> int:
-    """``--evaluate`` for a sharded run, after ``sedd merge``: the test set and label column
-    are the ones its ``generation_metadata.json`` recorded (from flags or ``--config``)."""
-    p = argparse.ArgumentParser(description=evaluate_merged.__doc__, allow_abbrev=False)
-    p.add_argument("merged", type=Path, help="the merged generated_cells.h5ad")
-    merged = p.parse_args(argv).merged
-    meta = _metadata_path(merged)
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta} not found: {merged} was not written by an st3 script.")
-    recorded = json.loads(meta.read_text())["args"]
-    args = argparse.Namespace(**{k: recorded.get(k) for k in ("gene", "seed", "evaluate")})
-    args.test_data_path = recorded.get("test_data_path")
-    args.num_shards = args.shard_index = None
-    args.evaluate = True
-    _evaluate(_evaluation_args(args), merged, args)
-    return 0
-
-
-_SCRIPTS: dict[str, Script] = {
-    "inference_generation": "generation",
-    "inference_conditional": "conditional",
-    "inference_perturbseq": "perturbseq",
-}
-
-
-def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
-    """Run a script entry point; user errors print one line and exit 2 (like ``sedd``), naming
-    the script's own flags and job-script variables, not sedd's."""
-    try:
-        code = entry(None)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        message = in_script_words(str(exc), _SCRIPTS.get(entry.__name__, "conditional"))
-        print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-        code = 2
-    raise SystemExit(code)
-
-
-if __name__ == "__main__":  # the job scripts' EVALUATE=true after a sharded run's merge
-    script_main(evaluate_merged)

@@ -1,4 +1,5 @@
-"""Layers the score networks share: input checks, sinusoidal time embeddings and RoPE attention.
+"""Layers the score networks share: input checks, sinusoidal time embeddings, RoPE attention, and
+st3's conditioning norms (adaLN, and DCM's separate FiLM).
 
 ``sedd.models.st3`` (st3's transformers) and ``sedd.models.ddit`` (reference SEDD's DDiT) both build
 on them.
@@ -135,3 +136,51 @@ def rope_attention(qkv: torch.Tensor, n_heads: int, rotary: RotaryEmbedding) -> 
     v = qkv[:, :, 2].transpose(1, 2)  # (B, h, L, d)
     out = F.scaled_dot_product_attention(q, k, v, is_causal=False)  # (B, h, L, d)
     return out.transpose(1, 2).reshape(b, length, n_heads * head_dim)
+
+
+class AdaLayerNorm(nn.Module):
+    """adaLN: ``gamma * LayerNorm(x) + beta`` (no affine, no 1 + gamma), [gamma|beta] = W c + b."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gamma_beta = nn.Linear(dim, 2 * dim)
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        # gamma, beta may be bf16 under autocast; the product is taken in x's dtype (fp32 for the
+        # residual stream), as gamma * layer_norm(x) + beta promotes it
+        gamma, beta = self.gamma_beta(c).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
+        if x.shape[0] == 1:
+            # one row (the CPU's forward block): layer norm's own affine applies gamma and beta
+            # in the same kernel
+            return F.layer_norm(x, (self.dim,), gamma[0], beta[0])  # (1, L, H)
+        return torch.addcmul(beta[:, None], gamma[:, None], F.layer_norm(x, (self.dim,)))
+
+
+class SeparateFiLMNorm(nn.Module):
+    """aivc-dcm's separate-FiLM adaLN: h = LayerNorm(x) (no affine), then for each signal s in
+    turn (time, perturbation, cell type when given): [gamma_s|beta_s] = W_s c_s + b_s and
+    h = gamma_s * h + beta_s.
+
+    ``c`` is (B, S, H): the S signals stacked in that order (S = 2 without a cell type).
+    """
+
+    def __init__(self, dim: int, cell_types: bool) -> None:
+        super().__init__()
+        self.dim = dim
+        self.time_gamma_beta = nn.Linear(dim, 2 * dim)
+        self.pert_gamma_beta = nn.Linear(dim, 2 * dim)
+        self.cell_type_gamma_beta: nn.Linear | None = None
+        if cell_types:
+            self.cell_type_gamma_beta = nn.Linear(dim, 2 * dim)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        films = [self.time_gamma_beta, self.pert_gamma_beta, self.cell_type_gamma_beta]
+        h = F.layer_norm(x, (self.dim,))  # (B, L, H)
+        for film, signal in zip(films[: c.shape[1]], c.unbind(1), strict=True):
+            if film is None:
+                raise ValueError("a cell-type signal was given to a norm without cell types.")
+            # as in AdaLayerNorm: the product is taken in x's dtype (fp32 for the residual stream)
+            gamma, beta = film(signal).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
+            h = torch.addcmul(beta[:, None], gamma[:, None], h)
+        return h

@@ -51,7 +51,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from sedd.models.layers import (
+    AdaLayerNorm,
     RotaryEmbedding,
+    SeparateFiLMNorm,
     SinusoidalEmbedding,
     check_inputs,
     rope_attention,
@@ -60,11 +62,13 @@ from sedd.models.layers import (
 from sedd.precision import ScoreModel
 
 __all__ = [
+    "AdaLayerNorm",
     "Conditioning",
     "RotaryEmbedding",
     "SEDDPerturbationTransformer",
     "SEDDTransformer",
     "ScoreModel",
+    "SeparateFiLMNorm",
     "check_inputs",
     "rope_attention",
     "sinusoidal_embedding",
@@ -82,54 +86,6 @@ Conditioning = Literal["sum", "separate_film"]
 
 def _mlp(dim_in: int, hidden: int, dim_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim_in, hidden), nn.GELU(), nn.Linear(hidden, dim_out))
-
-
-class AdaLayerNorm(nn.Module):
-    """adaLN: ``gamma * LayerNorm(x) + beta`` (no affine, no 1 + gamma), [gamma|beta] = W c + b."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.gamma_beta = nn.Linear(dim, 2 * dim)
-        self.dim = dim
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        # gamma, beta may be bf16 under autocast; the product is taken in x's dtype (fp32 for the
-        # residual stream), as gamma * layer_norm(x) + beta promotes it
-        gamma, beta = self.gamma_beta(c).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
-        if x.shape[0] == 1:
-            # one row (the CPU's forward block): layer norm's own affine applies gamma and beta
-            # in the same kernel
-            return F.layer_norm(x, (self.dim,), gamma[0], beta[0])  # (1, L, H)
-        return torch.addcmul(beta[:, None], gamma[:, None], F.layer_norm(x, (self.dim,)))
-
-
-class SeparateFiLMNorm(nn.Module):
-    """aivc-dcm's separate-FiLM adaLN: h = LayerNorm(x) (no affine), then for each signal s in
-    turn (time, perturbation, cell type when given): [gamma_s|beta_s] = W_s c_s + b_s and
-    h = gamma_s * h + beta_s.
-
-    ``c`` is (B, S, H): the S signals stacked in that order (S = 2 without a cell type).
-    """
-
-    def __init__(self, dim: int, cell_types: bool) -> None:
-        super().__init__()
-        self.dim = dim
-        self.time_gamma_beta = nn.Linear(dim, 2 * dim)
-        self.pert_gamma_beta = nn.Linear(dim, 2 * dim)
-        self.cell_type_gamma_beta: nn.Linear | None = None
-        if cell_types:
-            self.cell_type_gamma_beta = nn.Linear(dim, 2 * dim)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        films = [self.time_gamma_beta, self.pert_gamma_beta, self.cell_type_gamma_beta]
-        h = F.layer_norm(x, (self.dim,))  # (B, L, H)
-        for film, signal in zip(films[: c.shape[1]], c.unbind(1), strict=True):
-            if film is None:
-                raise ValueError("a cell-type signal was given to a norm without cell types.")
-            # as in AdaLayerNorm: the product is taken in x's dtype (fp32 for the residual stream)
-            gamma, beta = film(signal).to(x.dtype).chunk(2, dim=-1)  # (B, H) each
-            h = torch.addcmul(beta[:, None], gamma[:, None], h)
-        return h
 
 
 class ST3Attention(nn.Module):
