@@ -229,7 +229,10 @@ def load_st3(
             index_file = named
         elif vectors is None and arch.precomputed_emb_dim:
             vectors = named or default(("protein_embeddings.pt",))
-        if perturbations is None and index_file is None:
+        if names.perturbations is not None and perturbations is not None:
+            _same_order(perturbations, names.perturbations, arch, args_file)
+            perturbations = None  # args.json's own list: what training used
+        if perturbations is None and index_file is None and names.perturbations is None:
             perturbations = default(_NAME_FILES) or _resolve(
                 args.get("all_perturbations_file"), exp_dir
             )
@@ -242,6 +245,23 @@ def load_st3(
         index_file=index_file,
         genes_beside_checkpoint=genes is None and gene_file is not None,
     )
+
+
+def _same_order(
+    listed: str | Path, trained: list[str], arch: ST3PerturbationArch, args_file: Path
+) -> None:
+    """A name list given beside args.json's own ``perturbations`` must agree with it: the
+    args.json list is the training order, and a name may never move to another index."""
+    given = read_label_mapping(listed, arch.num_perturbations)
+    moved = [(n, given.index(n), i) for i, n in enumerate(trained) if n in given
+             and given.index(n) != i]  # fmt: skip
+    if moved or set(given) != set(trained):
+        detail = (f"{moved[0][0]!r} is index {moved[0][1]} there, {moved[0][2]} in training"
+                  if moved else "they name different perturbations")  # fmt: skip
+        raise CheckpointError(
+            f"{listed} disagrees with the perturbations {args_file} lists in training order "
+            f"({detail}); leave the perturbation list out, args.json names them."
+        )
 
 
 @dataclass(frozen=True)

@@ -138,8 +138,16 @@ def cell_plan(loaded: LoadedModel, request: GenerationRequest) -> pd.DataFrame:
         loaded.perturbation_labels([name])  # raises UnknownLabelError with suggestions
     if request.cell_type is not None:
         loaded.cell_type_index(request.cell_type)
-    cell_index = np.arange(request.num_cells)
     imputed = request.imputation
+    given_per_cell = imputed is not None and imputed.cell_types is not None
+    if getattr(loaded.config.arch, "cell_types_required", False) and request.cell_type is None \
+            and not given_per_cell:  # fmt: skip
+        raise ValueError(
+            f"this model (st3's cell-type family) needs a cell type for every cell: pass "
+            f"`cell_type` (CLI --cell-type; st3 scripts --cell_type), one of "
+            f"{(loaded.config.cell_types or [])[:10]}."
+        )
+    cell_index = np.arange(request.num_cells)
     if imputed is not None and imputed.obs is not None:
         names = [str(c) for c in imputed.obs.index]  # the input's cells keep their names
     else:

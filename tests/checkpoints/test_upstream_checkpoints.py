@@ -108,7 +108,7 @@ def test_new_families_sample_through_the_engine(name: str) -> None:
 
 def test_cell_type_family_refuses_to_sample_without_a_cell_type() -> None:
     model = sedd.load(UPSTREAM / "st3_celltype", device="cpu")
-    with pytest.raises(ValueError, match=r"`cell_types` is required by this model"):
+    with pytest.raises(ValueError, match=r"needs a cell type for every cell"):  # at planning
         model.generate(1, condition="STAT1", steps=2)
 
 
@@ -148,3 +148,28 @@ def test_a_cell_type_list_of_the_wrong_length_names_the_key(tmp_path: Path) -> N
     exp = _experiment("st3_celltype", tmp_path, cell_types=["B", "T"])
     with pytest.raises(CheckpointError, match=r"cell_types must list the model's 3 names.*found 2"):
         load_checkpoint(exp)
+
+
+def test_cell_type_family_refuses_a_request_without_cell_type_at_planning() -> None:
+    from sedd.defaults import SamplingOptions
+    from sedd.request.plan import GenerationRequest, plan
+
+    loaded = load_checkpoint(UPSTREAM / "st3_celltype")
+    request = GenerationRequest(conditions=("STAT1",), cells_per_condition=1,
+                                sampling=SamplingOptions(steps=2))  # fmt: skip
+    with pytest.raises(ValueError, match=r"needs a cell type for every cell.*'B', 'Mono', 'T'"):
+        plan(loaded, request)
+    planned = plan(loaded, GenerationRequest(conditions=("STAT1",), cells_per_condition=1,
+                                             cell_type="Mono", sampling=SamplingOptions(steps=2)))
+    assert list(planned.cells["cell_type"]) == ["Mono"]  # fmt: skip
+
+
+def test_a_list_that_reorders_args_json_perturbations_is_refused(tmp_path: Path) -> None:
+    shuffled = tmp_path / "all.txt"
+    shuffled.write_text("non-targeting\nIRF1\nSTAT1\nJAK1\nMYC\n")
+    with pytest.raises(CheckpointError, match=r"'STAT1' is index 2 there, 1 in training"):
+        load_checkpoint(UPSTREAM / "st3_celltype", perturbations=shuffled)
+    same = tmp_path / "same.txt"
+    same.write_text("\n".join(PERTURBATIONS) + "\n")
+    loaded = load_checkpoint(UPSTREAM / "st3_celltype", perturbations=same)
+    assert loaded.label_index("IRF1") == 2
