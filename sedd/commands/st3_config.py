@@ -69,6 +69,11 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+def _one_value(action: argparse.Action) -> argparse.Action:
+    """The same flag taking one value: how each item of a YAML list is typed."""
+    return argparse.Action(action.option_strings, action.dest, type=action.type)
+
+
 def _typed(value: Any, action: argparse.Action, where: str) -> Any:
     """``value`` as the flag's type; ``ConfigError`` naming ``where`` when it is not one."""
     if isinstance(action, argparse._StoreTrueAction):
@@ -76,6 +81,9 @@ def _typed(value: Any, action: argparse.Action, where: str) -> Any:
             return value
         raise ConfigError(f"{where} must be true or false, got {value!r}.")
     kind = action.type or str
+    if action.nargs in ("+", "*"):  # a YAML list (st3's inference.perturbations: [A, B])
+        items = value if isinstance(value, list) else str(value).split()
+        return [_typed(item, _one_value(action), where) for item in items]
     if (kind is int and isinstance(value, bool)) or isinstance(value, (dict, list)):
         raise ConfigError(f"{where} must be a {kind.__name__}, got {value!r}.")
     try:

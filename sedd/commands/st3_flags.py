@@ -26,12 +26,13 @@ from typing import Any, Literal
 
 from sedd.defaults import CELLS_PER_PERTURBATION, PREDICTORS
 
-Script = Literal["conditional", "generation", "perturbseq", "imputation"]
+Script = Literal["conditional", "generation", "perturbseq", "imputation", "celltype"]
 COND: frozenset[Script] = frozenset({"conditional", "perturbseq"})
 GEN: frozenset[Script] = frozenset({"generation"})
 ALL: frozenset[Script] = COND | GEN
 PERTURBSEQ: frozenset[Script] = frozenset({"perturbseq"})
 IMPUTATION: frozenset[Script] = frozenset({"imputation"})  # its own rows, at the end
+CELLTYPE: frozenset[Script] = frozenset({"celltype"})  # the last rows
 ST3_SEED = 42  # st3's scripts: `--seed` default 42 (and the YAML's other.seed)
 
 
@@ -305,6 +306,48 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
             f"sampling seed (default {ST3_SEED})"}, (("other", "seed"),)),
     St3Flag("--num_workers", IMPUTATION, {"type": int, "default": 4, "help": "st3's loader "
             "(noted)"}, (("other", "num_workers"),), noted="sedd reads the cells in-process"),
+    # celltype_cond/scripts/inference_celltype_perturbseq.py (sedd.commands.st3_celltype)
+    St3Flag("--config", CELLTYPE, _path("st3 YAML: sections data, inference, other")),
+    St3Flag("--experiment_dir", CELLTYPE, {"required": True, "help": "st3 experiment or model"}),
+    St3Flag("--checkpoint", CELLTYPE, _path("checkpoint (default best.pt > final.pt > epoch)")),
+    St3Flag("--data_path", CELLTYPE, _path("st3: test cells (noted: its script reads none)"),
+            (("data", "data_path"), ("data", "test_data_path")),
+            noted="st3's cell-type script reads no cells; sedd neither"),
+    St3Flag("--gene", CELLTYPE, {"default": "gene", "help": "st3: label column of --data_path "
+            "(noted)"}, (("data", "gene"),), noted="the generated cells' column is perturbation"),
+    St3Flag("--cell_type_col", CELLTYPE, {"default": "cell_type", "help": "st3: cell-type column "
+            "of --data_path (noted)"}, (("data", "cell_type_col"),),
+            noted="the generated cells' column is cell_type"),
+    St3Flag("--control_name", CELLTYPE, {"default": "non-targeting", "help": "st3 parses it "
+            "(noted)"}, (("data", "control_name"),),
+            noted="the control is generated where it is listed, as in st3"),
+    St3Flag("--cell_type", CELLTYPE, {"default": None, "help": "the cell type every cell is "
+            "generated for; the result goes to <output_dir>/celltype_<name>/"},
+            (("inference", "cell_type"),)),
+    St3Flag("--perturbations", CELLTYPE, {"nargs": "+", "default": None, "metavar": "NAME",
+            "help": "perturbations to generate (default: every one of the model, control "
+            "included)"}, (("inference", "perturbations"),)),
+    St3Flag("--perturbations_file", CELLTYPE, _path("perturbations, one a line (wins over "
+            "--perturbations, as in st3)"), (("inference", "perturbations_file"),)),
+    St3Flag("--num_samples_per_condition", CELLTYPE, {"type": int, "default": 100, "help": "cells "
+            "per perturbation (default 100)"}, (("inference", "num_samples_per_condition"),)),
+    St3Flag("--num_steps", CELLTYPE, {"type": int, "default": 50, "help": "steps (default 50)"},
+            (("inference", "num_steps"),)),
+    St3Flag("--temperature", CELLTYPE, {"type": float, "default": 1.0, "help": "default 1.0"},
+            (("inference", "temperature"),)),
+    St3Flag("--batch_size", CELLTYPE, {"type": int, "default": 32, "help": "cells in flight "
+            "(default 32; never changes a cell)"}, (("inference", "batch_size"),)),
+    St3Flag("--output_dir", CELLTYPE, _path("default <experiment_dir>/inference_results; the "
+            "result goes to its celltype_<name>/"), (("inference", "output_dir"),)),
+    St3Flag("--save_h5ad", CELLTYPE, {"action": "store_true", "default": True, "help": "st3's "
+            "switch, on by default (noted)"}, (("inference", "save_h5ad"),),
+            noted="sedd always writes generated_cells.h5ad"),
+    St3Flag("--cond_labels_pt_path", CELLTYPE, _path("perturbation vectors {name: tensor} of a "
+            "vector-conditioned model"), (("data", "cond_labels_pt_path"),)),
+    St3Flag("--celltype_labels_pt_path", CELLTYPE, _path("st3: cell-type vectors (refused when "
+            "set: sedd passes cell types as indices)"), (("data", "celltype_labels_pt_path"),)),
+    St3Flag("--seed", CELLTYPE, {"type": int, "default": ST3_SEED, "help": "cell i draws from "
+            f"the random stream (seed, i) (default {ST3_SEED})"}, (("other", "seed"),)),
 )
 
 

@@ -198,13 +198,41 @@ def inference_conditional(argv: Sequence[str] | None = None) -> int:
     if test is not None:
         check_evaluation(loaded, test, args)
     request = _sampling_request(args, args.num_samples_per_pert, _conditions(loaded, names, args))
-    skipped = {"skipped_perturbations": args.skipped_perturbations}
-    written = write_result(loaded, request, args, out, "inference_conditional", skipped)
+    written = write_result(loaded, request, args, out, "inference_conditional",
+                           _st3_metadata(loaded, request, args))  # fmt: skip
     if args.skipped_perturbations:
         print(f"skipped (not known to the model): {args.skipped_perturbations[:20]}")
     if written and test is not None:
         evaluate_result(test, out, args)
     return 0
+
+
+def _checkpoint_file(loaded: LoadedModel) -> Path:
+    """The weights file the cells came from (st3 records the checkpoint it loaded)."""
+    source = loaded.config.provenance
+    if source.source and source.source_file:
+        return Path(source.source) / source.source_file
+    return Path(loaded.path)
+
+
+def _st3_metadata(
+    loaded: LoadedModel, request: GenerationRequest, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The keys st3's and DCM's ``generation_metadata.json`` hold (beside sedd's own), and the
+    perturbations skipped as unknown."""
+    conditions = list(request.conditions or ())
+    cell_type = args.cell_type
+    return {
+        "num_perturbations": len(conditions),
+        "num_samples_per_pert": args.num_samples_per_pert,
+        "num_steps": args.num_steps,
+        "temperature": args.temperature,
+        "perturbations": conditions,
+        "checkpoint": str(_checkpoint_file(loaded)),
+        "cell_type": cell_type,
+        "cell_type_idx": None if cell_type is None else loaded.cell_type_index(cell_type),
+        "skipped_perturbations": args.skipped_perturbations,
+    }
 
 
 def inference_perturbseq(argv: Sequence[str] | None = None) -> int:

@@ -167,6 +167,10 @@ def test_unknown_perturbations_are_warned_about_and_skipped_as_st3_does(
         "GENE_B", "GENE_C"]  # fmt: skip
     meta = json.loads((out / "generation_metadata.json").read_text())
     assert meta["skipped_perturbations"] == ["NOT_TRAINED"]
+    # st3's and DCM's keys, beside sedd's
+    assert meta["perturbations"] == ["GENE_B", "GENE_C"] and meta["num_perturbations"] == 2
+    assert (meta["num_samples_per_pert"], meta["num_steps"], meta["temperature"]) == (1, 2, 1.0)
+    assert meta["checkpoint"] == str(exp / "final.pt") and meta["cell_type"] is None
     # none known: an error with suggestions, nothing written
     (tmp_path / "none.txt").write_text("NOT_TRAINED\n")
     argv[3] = str(tmp_path / "none.txt")
