@@ -57,7 +57,7 @@ def _path(help_: str) -> dict[str, Any]:
 
 ST3_FLAGS: tuple[St3Flag, ...] = (
     St3Flag("--config", ALL, _path("st3 YAML: sections data, inference, other set defaults")),
-    St3Flag("--experiment_dir", ALL, {"required": True, "help": "st3 experiment or sedd model"}),
+    St3Flag("--experiment_dir", ALL, {"required": True, "help": "st3 experiment or model"}),
     St3Flag(
         "--checkpoint",
         ALL,
@@ -201,7 +201,7 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
         PERTURBSEQ,
         {"type": int, "default": None, "help": "st3: test batches to predict (noted)"},
         (("inference", "num_batches"),),
-        noted="sedd predicts --num_samples_per_pert cells for every held-out perturbation",
+        noted="--num_samples_per_pert cells are predicted for every held-out perturbation",
     ),
     St3Flag(
         "--data_path",
@@ -227,14 +227,14 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
         COND,
         {"type": int, "default": None, "help": "st3's data loader workers (noted)"},
         (("other", "num_workers"),),
-        noted="sedd reads the cells in-process",
+        noted="the cells are read in-process",
     ),
     St3Flag(
         "--num_cells_visualize",
         ALL,
-        {"type": int, "default": None, "help": "st3's plots (noted: sedd draws none)"},
+        {"type": int, "default": None, "help": "st3's plots (noted: none are drawn here)"},
         (("inference", "num_cells_visualize"),),
-        noted="sedd draws no plots here; `sedd evaluate` draws them",
+        noted="no plots are drawn here; `sedd evaluate` draws them",
     ),
     St3Flag(
         "--reference_data",
@@ -251,9 +251,9 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
     St3Flag(
         "--keep_sparse",
         GEN,
-        {"action": "store_true", "help": "keep X sparse (sedd always writes sparse CSR counts)"},
+        {"action": "store_true", "help": "keep X sparse (X is always sparse CSR counts)"},
         (("inference", "keep_sparse"),),
-        noted="sedd always writes X as sparse CSR counts",
+        noted="X is always written as sparse CSR counts",
     ),
     St3Flag(
         "--data_path",
@@ -277,7 +277,7 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
         "--num_real_visualize",
         GEN,
         {"type": int, "default": None, "help": "st3's plots (noted)"},
-        noted="sedd draws no plots here; `sedd evaluate` draws them",
+        noted="no plots are drawn here; `sedd evaluate` draws them",
     ),
     # scripts/inference_imputation.py (sedd.commands.st3_imputation): st3's defaults and keys
     St3Flag("--config", IMPUTATION, _path("st3 YAML: sections data, inference, other")),
@@ -305,14 +305,14 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
     St3Flag("--seed", IMPUTATION, {"type": int, "default": ST3_SEED, "help": "split, mask and "
             f"sampling seed (default {ST3_SEED})"}, (("other", "seed"),)),
     St3Flag("--num_workers", IMPUTATION, {"type": int, "default": 4, "help": "st3's loader "
-            "(noted)"}, (("other", "num_workers"),), noted="sedd reads the cells in-process"),
+            "(noted)"}, (("other", "num_workers"),), noted="the cells are read in-process"),
     # celltype_cond/scripts/inference_celltype_perturbseq.py (sedd.commands.st3_celltype)
     St3Flag("--config", CELLTYPE, _path("st3 YAML: sections data, inference, other")),
     St3Flag("--experiment_dir", CELLTYPE, {"required": True, "help": "st3 experiment or model"}),
     St3Flag("--checkpoint", CELLTYPE, _path("checkpoint (default best.pt > final.pt > epoch)")),
     St3Flag("--data_path", CELLTYPE, _path("st3: test cells (noted: its script reads none)"),
             (("data", "data_path"), ("data", "test_data_path")),
-            noted="st3's cell-type script reads no cells; sedd neither"),
+            noted="st3's cell-type script reads no cells, nor does this one"),
     St3Flag("--gene", CELLTYPE, {"default": "gene", "help": "st3: label column of --data_path "
             "(noted)"}, (("data", "gene"),), noted="the generated cells' column is perturbation"),
     St3Flag("--cell_type_col", CELLTYPE, {"default": "cell_type", "help": "st3: cell-type column "
@@ -341,11 +341,11 @@ ST3_FLAGS: tuple[St3Flag, ...] = (
             "result goes to its celltype_<name>/"), (("inference", "output_dir"),)),
     St3Flag("--save_h5ad", CELLTYPE, {"action": "store_true", "default": True, "help": "st3's "
             "switch, on by default (noted)"}, (("inference", "save_h5ad"),),
-            noted="sedd always writes generated_cells.h5ad"),
+            noted="generated_cells.h5ad is always written"),
     St3Flag("--cond_labels_pt_path", CELLTYPE, _path("perturbation vectors {name: tensor} of a "
             "vector-conditioned model"), (("data", "cond_labels_pt_path"),)),
     St3Flag("--celltype_labels_pt_path", CELLTYPE, _path("st3: cell-type vectors (refused when "
-            "set: sedd passes cell types as indices)"), (("data", "celltype_labels_pt_path"),)),
+            "set: cell types are passed as indices here)"), (("data", "celltype_labels_pt_path"),)),
     St3Flag("--seed", CELLTYPE, {"type": int, "default": ST3_SEED, "help": "cell i draws from "
             f"the random stream (seed, i) (default {ST3_SEED})"}, (("other", "seed"),)),
 )
