@@ -35,7 +35,6 @@ The side-file readers (``read_gene_list``, ``read_label_mapping``, ``read_vector
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from sedd.checkpoints.io import (
 )
 from sedd.checkpoints.labels import (
     label_file_kind,
-    names_from_mapping,
     read_gene_list,
     read_label_mapping,
     read_vectors,
@@ -67,6 +65,7 @@ from sedd.checkpoints.schema import (
     TokenConfig,
 )
 from sedd.checkpoints.st3_families import UpstreamClass, upstream_class, with_st3_names
+from sedd.checkpoints.st3_labels import LabelNames, index_file_needed, label_names, same_order
 from sedd.io.files import sha256_file
 
 __all__ = [
@@ -209,7 +208,7 @@ def load_st3(
     upstream = upstream_class(args, state, args_file)
     state = with_st3_names(state, upstream, weights)
     arch = _st3_arch(args, state, args_file, upstream)
-    names = _label_names(args, arch, args_file)
+    names = label_names(args, arch, args_file)
     file_hash = sha256_file(weights)
     step = _int_or_none(payload.get("step") if isinstance(payload, dict) else None)
     config = _st3_config(args, arch, names, exp_dir, weights, file_hash, step, upstream)
@@ -230,12 +229,13 @@ def load_st3(
         elif vectors is None and arch.precomputed_emb_dim:
             vectors = named or default(("protein_embeddings.pt",))
         if names.perturbations is not None and perturbations is not None:
-            _same_order(perturbations, names.perturbations, arch, args_file)
+            same_order(perturbations, names.perturbations, arch, args_file)
             perturbations = None  # args.json's own list: what training used
         if perturbations is None and index_file is None and names.perturbations is None:
             perturbations = default(_NAME_FILES) or _resolve(
                 args.get("all_perturbations_file"), exp_dir
             )
+        index_file_needed(args, arch, named, perturbations, args_file)
     gene_file = genes or default(_GENE_FILES)
     return with_label_files(
         parts,
@@ -247,75 +247,10 @@ def load_st3(
     )
 
 
-def _same_order(
-    listed: str | Path, trained: list[str], arch: ST3PerturbationArch, args_file: Path
-) -> None:
-    """A name list given beside args.json's own ``perturbations`` must agree with it: the
-    args.json list is the training order, and a name may never move to another index."""
-    given = read_label_mapping(listed, arch.num_perturbations)
-    moved = [(n, given.index(n), i) for i, n in enumerate(trained) if n in given
-             and given.index(n) != i]  # fmt: skip
-    if moved or set(given) != set(trained):
-        detail = (f"{moved[0][0]!r} is index {moved[0][1]} there, {moved[0][2]} in training"
-                  if moved else "they name different perturbations")  # fmt: skip
-        raise CheckpointError(
-            f"{listed} disagrees with the perturbations {args_file} lists in training order "
-            f"({detail}); leave the perturbation list out, args.json names them."
-        )
-
-
-@dataclass(frozen=True)
-class _LabelNames:
-    """Label names by index that ``args.json`` itself gives (None: it gives none)."""
-
-    perturbations: list[str] | None = None
-    cell_types: list[str] | None = None
-
-
-def _label_names(
-    args: dict[str, Any], arch: ST3Arch | ST3PerturbationArch, args_file: Path
-) -> _LabelNames:
-    """Cell types from ``cell_type_to_idx`` ({name: index}: st3, aivc-dcm) or ``cell_types``;
-    perturbations from ``perturbations`` (lists in index order: st3's cell-type trainer)."""
-    if not isinstance(arch, ST3PerturbationArch):
-        return _LabelNames()
-    cell_types = None
-    if arch.num_cell_types:
-        mapping = args.get("cell_type_to_idx") or None
-        if mapping is not None:
-            cell_types = names_from_mapping(mapping, arch.num_cell_types, args_file, "cell type")
-        else:
-            cell_types = _listed_names(args, "cell_types", arch.num_cell_types, args_file)
-    perturbations = _listed_names(args, "perturbations", arch.num_perturbations, args_file)
-    return _LabelNames(perturbations, cell_types)
-
-
-def _listed_names(
-    args: dict[str, Any], key: str, expected: int, args_file: Path
-) -> list[str] | None:
-    """``args[key]``: a list naming the model's ``expected`` labels once each, entry i naming
-    index i (as st3's cell-type inference numbers them); None when absent."""
-    names = args.get(key)
-    if names is None:
-        return None
-    listed = [str(name) for name in names] if isinstance(names, list) else []
-    if len(listed) != expected or len(set(listed)) != len(listed):
-        found = (
-            f"{len(listed)} names, {len(set(listed))} distinct"
-            if isinstance(names, list)
-            else f"a {type(names).__name__}"
-        )
-        raise CheckpointError(
-            f"{args_file}: {key} must list the model's {expected} names once each, in index "
-            f"order; found {found}. Fix {key} in {args_file.name}."
-        )
-    return listed
-
-
 def _st3_config(
     args: dict[str, Any],
     arch: ST3Arch | ST3PerturbationArch,
-    names: _LabelNames,
+    names: LabelNames,
     exp_dir: Path,
     weights: Path,
     file_hash: str,

@@ -237,3 +237,18 @@ def test_the_release_all_perturbations_file_names_labels_when_control_is_first(
     (tmp_path / "all.txt").write_text("IL2\nPBS\nIFNG\nIL6\nIL10\n")
     with pytest.raises(CheckpointError, match=r"control 'PBS' on line 2, not first"):
         load_checkpoint(exp)
+
+
+def test_a_name_list_is_refused_when_trainings_index_file_is_missing(tmp_path: Path) -> None:
+    # args.json says training read {name: index} labels from a file that did not come along:
+    # the release's all_perturbations_file order cannot be proven to match it
+    exp = _dcm_experiment(tmp_path, cond_labels_pt_path="datasets/1M/cytokines.pt",
+                          control_name="non-targeting")  # fmt: skip
+    (tmp_path / "all.txt").write_text("non-targeting\nGENE_A\nGENE_B\nGENE_C\nGENE_D\n")
+    with pytest.raises(CheckpointError, match=r"datasets/1M/cytokines\.pt.*cannot be proven"):
+        load_checkpoint(exp, perturbations=tmp_path / "all.txt")
+    loaded = load_checkpoint(exp)  # no list: labels by index only, with a note
+    assert loaded.conditions == []
+    torch.save({"non-targeting": 0, "GENE_A": 3, "GENE_B": 1, "GENE_C": 2, "GENE_D": 4},
+               tmp_path / "cytokines.pt")  # fmt: skip
+    assert load_checkpoint(exp, perturbations=tmp_path / "cytokines.pt").label_index("GENE_A") == 3
