@@ -28,9 +28,11 @@ def words_as_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[li
     NUM_SAMPLES_PER_PERT=1000 NUM_STEPS=100``: each upper-case word names a flag or a job-script
     variable. A switch takes true/false (or 1/0); a word naming nothing is refused, naming it."""
     options = {o: a for a in parser._actions for o in a.option_strings}
-    words, changed = [], False
+    words, changed, value_next = [], False, False
     for word in argv:
-        match = _WORD.fullmatch(word)
+        match = None if value_next else _WORD.fullmatch(word)  # a flag's value stays a value
+        taker = options.get(word.split("=", 1)[0]) if word.startswith("-") else None
+        value_next = taker is not None and "=" not in word and taker.nargs in (None, 1)
         if match is None:
             words.append(word)
             continue

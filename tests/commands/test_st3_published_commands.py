@@ -289,3 +289,15 @@ def test_st3_perturbseq_flags_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert set(anndata.read_h5ad(out / "generated_cells.h5ad").obs["perturbation"]) == {
         "GENE_A", "GENE_B", "non-targeting"}  # fmt: skip
     assert json.loads((out / "metrics.json").read_text())["overall"]
+
+
+def test_a_flags_value_that_looks_like_a_word_stays_its_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exp = _experiment("tiny_pert", tmp_path)
+    monkeypatch.chdir(tmp_path)
+    # a directory named RUN=1 after --output_dir is that flag's value, not a KEY=VALUE word
+    argv = ["--experiment_dir", str(exp), "--output_dir", "RUN=1", "NUM_SAMPLES_PER_PERT=1",
+            "--perturbations", "GENE_A", *FAST]  # fmt: skip
+    assert inference_conditional(argv) == 0
+    assert anndata.read_h5ad(tmp_path / "RUN=1" / "generated_cells.h5ad").n_obs == 1
