@@ -235,6 +235,14 @@ def _st3_metadata(
     }
 
 
+def _label_column(args: argparse.Namespace) -> str | None:
+    """The held-out cells' label column: ``--condition_key``, else st3's ``--gene`` when it was
+    set (flag or ``data.gene``), else found among the usual names."""
+    if args.condition_key:
+        return str(args.condition_key)
+    return str(args.gene) if args.gene != "perturbation" or "gene" in args.from_yaml else None
+
+
 def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     p = _parser(
         "perturbseq",
@@ -271,7 +279,7 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
     from sedd.eval.st3 import held_out_reference, perturbseq_metrics
 
     reference = held_out_reference(
-        args.reference_data, loaded, args.condition_key, args.split_key, args.split_value
+        args.reference_data, loaded, _label_column(args), args.split_key, args.split_value
     )
     names = _names(args)
     args.skipped_perturbations = []

@@ -278,8 +278,9 @@ def test_dcm_config_keys_are_honoured(tmp_path: Path) -> None:
 def test_st3_perturbseq_flags_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     genes = [str(i) for i in range(64)]
-    test = _cells(tmp_path / "test.h5ad", ["GENE_A", "GENE_B", "non-targeting"], 3, genes, "gene")
-    argv = ["--experiment_dir", str(exp), "--data_path", str(test), "--gene", "gene",
+    test = _cells(tmp_path / "test.h5ad", ["GENE_A", "GENE_B", "non-targeting"], 3, genes,
+                  "cytokine")  # st3's --gene names the label column (DCM's data.gene: cytokine)
+    argv = ["--experiment_dir", str(exp), "--data_path", str(test), "--gene", "cytokine",
             "--sampler", "euler", "--num_batches", "2", "--use_train_split", "--batch_size", "4",
             "--num_samples_per_pert", "2", *FAST]  # fmt: skip
     assert inference_perturbseq(argv) == 0
