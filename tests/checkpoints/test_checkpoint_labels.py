@@ -247,7 +247,8 @@ def test_a_name_list_is_refused_when_trainings_index_file_is_missing(tmp_path: P
     (tmp_path / "all.txt").write_text("non-targeting\nGENE_A\nGENE_B\nGENE_C\nGENE_D\n")
     with pytest.raises(CheckpointError, match=r"datasets/1M/cytokines\.pt.*cannot be proven"):
         load_checkpoint(exp, perturbations=tmp_path / "all.txt")
-    loaded = load_checkpoint(exp)  # no list: labels by index only, with a note
+    with pytest.warns(UserWarning, match="labels can be given only by index"):
+        loaded = load_checkpoint(exp)  # no list: labels by index only, with a note
     assert loaded.conditions == []
     torch.save({"non-targeting": 0, "GENE_A": 3, "GENE_B": 1, "GENE_C": 2, "GENE_D": 4},
                tmp_path / "cytokines.pt")  # fmt: skip
