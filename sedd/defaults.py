@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -127,9 +128,13 @@ class OptionError(ValueError):
         self.field = field
 
 
-def _about(help: str, *flags: str) -> dict[str, Any]:
-    """A ``SamplingOptions`` field's metadata: its help text and extra CLI spellings."""
-    return {"help": help, "flags": flags}
+def _about(
+    help: str, *flags: str, recorded_when: Callable[[Any], bool] | None = None
+) -> dict[str, Any]:
+    """A ``SamplingOptions`` field's metadata: its help text, extra CLI spellings, and when the
+    record holds it (``None``: always; a predicate of the options, for a field recorded only
+    where it differs from how earlier records were made, so their run ids hold)."""
+    return {"help": help, "flags": flags, "recorded_when": recorded_when}
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,8 @@ class SamplingOptions:
         "--num-steps",
     ))  # fmt: skip
     time_grid: TimeGrid = field(default=DEFAULT_GRID, metadata=_about(
-        "how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)", "--grid"
+        "how t falls from 1 to 0: uniform (st3's) or cosine (few genes first)", "--grid",
+        recorded_when=lambda options: options.time_grid != "uniform",
     ))  # fmt: skip
     sampler: Predictor = field(default="euler", metadata=_about(
         "the reverse step: euler or analytic (Tweedie) on the time grid, or entropy "
@@ -162,7 +168,8 @@ class SamplingOptions:
     seed: int = field(default=0, metadata=_about("cell i draws from stream (seed, i)"))
     entropy_bound: float = field(default=DEFAULT_ENTROPY_BOUND, metadata=_about(
         "sampler entropy: each forward commits a cell's surest masked genes while their "
-        "entropies sum to at most this (nats); 0 commits one gene a forward"
+        "entropies sum to at most this (nats); 0 commits one gene a forward",
+        recorded_when=lambda options: options.sampler == "entropy",  # the only step it moves
     ))  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -211,14 +218,15 @@ class SamplingOptions:
         return cls(**schedule, **options)
 
     def record(self) -> dict[str, Any]:
-        """The options as plain JSON values, keyed as a request's record has always keyed them
-        (``time_grid`` only off the uniform grid, so earlier run ids hold)."""
-        out: dict[str, Any] = {"steps": self.steps, "sampler": self.sampler,
-                               "temperature": self.temperature, "seed": self.seed}  # fmt: skip
-        if self.time_grid != "uniform":
-            out["time_grid"] = self.time_grid
-        if self.sampler == "entropy":  # only where it is used, so earlier run ids hold
-            out["entropy_bound"] = self.entropy_bound
+        """The options as plain JSON values (run ids, shard identities, provenance), derived from
+        the fields themselves: a new option is recorded without a list to update. A field whose
+        metadata says ``recorded_when`` is left out where that is false (``time_grid`` on the
+        uniform grid, ``entropy_bound`` off the entropy sampler), so earlier run ids hold."""
+        out: dict[str, Any] = {}
+        for option in fields(self):
+            when = option.metadata.get("recorded_when")
+            if when is None or when(self):
+                out[option.name] = getattr(self, option.name)
         return out
 
 

@@ -102,3 +102,62 @@ def test_the_server_maps_the_values_own_error_to_the_body_field(model_dir: Path)
         plan_body(loaded, make_settings(model_dir), body)
     assert err.value.loc == ["body", "temperature"]
     assert "`temperature` must be finite and > 0, got inf" in err.value.msg
+
+
+def _another_value(options: SamplingOptions, name: str) -> object:
+    """A valid value of option ``name`` other than its value in ``options``, found from the
+    value's own type (numbers moved; words: the first other choice the value accepts)."""
+    value = getattr(options, name)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise AssertionError(f"no test value for option {name!r} of type {type(value)}")
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value / 2 + 0.25
+    from sedd.defaults import PREDICTORS, TIME_GRIDS
+
+    for word in (*PREDICTORS, *TIME_GRIDS):
+        if word != value:
+            try:
+                return dataclasses.replace(options, **{name: word}).__getattribute__(name)
+            except OptionError:
+                continue
+    raise AssertionError(f"no other valid value of option {name!r}")
+
+
+def test_every_sampling_option_changes_the_run_id(model_dir: Path):
+    """The record (run ids, shard identities, provenance) comes from the options' fields, so a
+    new option can never leave two requests with different values under one run id (a shard
+    resume with another value would not be refused). An option recorded only where it acts is
+    changed where it acts (entropy_bound: under the entropy sampler)."""
+    from sedd.request.plan import GenerationRequest, run_id
+
+    loaded = load_checkpoint(model_dir)
+    settings = (SamplingOptions(), SamplingOptions(sampler="entropy"),
+                SamplingOptions(time_grid="cosine"))  # fmt: skip
+    for name in OPTION_NAMES:
+        when = dataclasses.fields(SamplingOptions)[OPTION_NAMES.index(name)].metadata.get(
+            "recorded_when"
+        )
+        # the first setting where the option acts (is recorded)
+        options = next(o for o in settings if when is None or when(o))
+        changed = dataclasses.replace(options, **{name: _another_value(options, name)})
+        ids = {run_id(loaded, GenerationRequest(conditions=(PERTURBATIONS[0],),
+                                                cells_per_condition=1, sampling=o))
+               for o in (options, changed)}  # fmt: skip
+        assert len(ids) == 2, f"changing {name} left the run id as it was"
+    # and the records of earlier requests are as they were (their run ids hold)
+    assert SamplingOptions(steps=5, seed=3).record() == {
+        "steps": 5, "sampler": "euler", "temperature": 1.0, "seed": 3}  # fmt: skip
+
+
+def test_a_new_option_is_recorded_without_a_list_to_update():
+    """What failed before the record was derived: a field added to the options was missing
+    from the record, so two values of it shared a run id and a shard identity."""
+
+    @dataclasses.dataclass(frozen=True)
+    class WithNewOption(SamplingOptions):
+        guidance: float = 1.0
+
+    assert WithNewOption(guidance=2.0).record()["guidance"] == 2.0
+    assert WithNewOption(guidance=2.0).record() != WithNewOption(guidance=3.0).record()
