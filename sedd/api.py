@@ -72,6 +72,7 @@ def sampling_of(
         raise TypeError(f"`sampling` must be a sedd.SamplingOptions, got {sampling!r}.")
     return sampling
 
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 

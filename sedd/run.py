@@ -158,7 +158,6 @@ def run_plan(
     )
 
 
-
 def run_stats(snapshot: MonitorSnapshot, fp32_fallbacks: int) -> dict[str, object]:
     """The stats every output reports (summary line, metrics JSON, h5ad provenance).
 

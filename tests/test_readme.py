@@ -194,6 +194,7 @@ def test_the_readme_test_command_is_the_one_ci_runs_first() -> None:
     step = next(i for i, line in enumerate(ci) if line.startswith('step "README test command'))
     command = ci[step + 1]
     assert "pytest -q" in command and "ruff check ." in command, command
+    assert "ruff format --check ." in command, command  # the formatter, in CI
     shell = [line for lang, block in FENCE.findall(README) if lang == "bash" for line in
              block.splitlines()]  # fmt: skip
     assert command in shell, command

@@ -121,9 +121,7 @@ def block_step_roofline(
         x = torch.full((shape.rows, shape.genes), shape.bins, device="cuda")  # all masked
         labels = torch.zeros(shape.rows, dtype=torch.long, device="cuda")
         rows = StepRows.of_request(x, 0.8, 0.6, labels=labels)
-        branches = StepBranches(
-            any_final=False, kinds=frozenset({"euler"}), any_tempered=False
-        )
+        branches = StepBranches(any_final=False, kinds=frozenset({"euler"}), any_tempered=False)
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         with counter.counting(emulator):

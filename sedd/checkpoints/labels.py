@@ -180,8 +180,10 @@ def read_label_mapping(
                 "did, or pass the {name: index} file training used (DCM: its cond_labels_pt_path)."
             )
         return list(names)
-    if isinstance(mapping, dict) and mapping and all(
-        isinstance(v, torch.Tensor) and v.dim() == 1 for v in mapping.values()
+    if (
+        isinstance(mapping, dict)
+        and mapping
+        and all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in mapping.values())
     ):
         raise CheckpointError(
             f"{path} maps names to vectors, not to label indices: pass it as the model's "

@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
     if args.like is not None:
         names, counts = label_mix(loaded, args.like, args.condition_key)
         request = request_from_args(
-            args, cells_per_condition=1, conditions=names, condition_counts=tuple(counts),
+            args,
+            cells_per_condition=1,
+            conditions=names,
+            condition_counts=tuple(counts),
             schedule=loaded.schedule,
         )
         run_request(loaded, request, args)

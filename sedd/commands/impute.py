@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         loaded, imputation, args.condition, args.condition_key
     )
     request = request_from_args(
-        args, schedule=loaded.schedule,
+        args,
+        schedule=loaded.schedule,
         cells_per_condition=imputation.num_cells if counts is None else 1,
         conditions=conditions,
         imputation=imputation,

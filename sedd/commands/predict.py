@@ -64,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
         loaded, names, include_control=not args.no_control, control=args.control_label
     )
     request = request_from_args(
-        args, cells_per_condition=args.cells_per_perturbation, conditions=conditions,
+        args,
+        cells_per_condition=args.cells_per_perturbation,
+        conditions=conditions,
         schedule=loaded.schedule,
     )
     run_request(loaded, request, args)

@@ -189,13 +189,18 @@ def run(args: argparse.Namespace) -> int:
         "condition_key": args.condition_key,
         "seeds": list(range(args.seeds)),
         "steps": sets[0].uns["sedd"]["steps"],
-        "sampling": {key: sets[0].uns["sedd"]["request"][key] for key in SCHEDULE_FIELDS
-                     if key in sets[0].uns["sedd"]["request"]},
+        "sampling": {
+            key: sets[0].uns["sedd"]["request"][key]
+            for key in SCHEDULE_FIELDS
+            if key in sets[0].uns["sedd"]["request"]
+        },
         # what a cell cost, over every set
-        "forwards_per_cell": float(np.mean([s.uns["sedd"]["timings"]["forwards_per_cell"]
-                                            for s in sets])),
-        "genes_per_forward": float(np.mean([s.uns["sedd"]["timings"]["genes_per_forward"]
-                                            for s in sets])),
+        "forwards_per_cell": float(
+            np.mean([s.uns["sedd"]["timings"]["forwards_per_cell"] for s in sets])
+        ),
+        "genes_per_forward": float(
+            np.mean([s.uns["sedd"]["timings"]["genes_per_forward"] for s in sets])
+        ),
         "precision": model.policy.name,
         "cells": {
             "train": train_cells.n_obs,

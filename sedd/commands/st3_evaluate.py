@@ -86,8 +86,6 @@ def evaluate_result(test: Path, out: Path, args: argparse.Namespace) -> None:
     parsed.func(parsed)
 
 
-
-
 def evaluate_merged(argv: Sequence[str] | None = None) -> int:
     """``--evaluate`` for a sharded run, after ``sedd merge``: the test set and label column
     are the ones its ``generation_metadata.json`` recorded (from flags or ``--config``)."""

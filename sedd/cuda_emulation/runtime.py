@@ -108,8 +108,8 @@ def flash_eligibility(
     scale: float | None = None,
     **_: Any,
 ) -> str:
-    """"flash" where CUDA's flash attention kernel takes these inputs, else the first reason it
-    would not (fp16/bf16 only, head size a multiple of 8 up to 256, no mask, q/k/v alike)."""
+    """Whether CUDA's flash attention kernel takes these inputs: "flash", else the first reason
+    it would not (fp16/bf16 only, head size a multiple of 8 up to 256, no mask, q/k/v alike)."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"dtype {q.dtype} (flash needs fp16/bf16)"
     if len({q.dtype, k.dtype, v.dtype}) > 1:
@@ -273,10 +273,8 @@ class Emulator:
     def run_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves, _ = tree_flatten((args, kwargs))
         emulated = [t for t in leaves if isinstance(t, EmulatedCudaTensor)]
-        plain = [
-            t for t in leaves
-            if isinstance(t, torch.Tensor) and not isinstance(t, EmulatedCudaTensor)
-        ]
+        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        plain = [t for t in tensors if not isinstance(t, EmulatedCudaTensor)]
         thread = threading.get_ident()
         with self._lock:
             self.ops_by_thread[thread] += 1
@@ -307,8 +305,10 @@ class Emulator:
         if packet in _COPIES:  # copies cross devices by design
             if target is not None and torch.device(target).type == "cuda":
                 return self.index_of(target)
-            return None if target is not None and torch.device(target).type == "cpu" else (
-                min(indices) if indices else None
+            return (
+                None
+                if target is not None and torch.device(target).type == "cpu"
+                else (min(indices) if indices else None)
             )
         if len(indices) > 1:
             a, b = sorted(indices)[:2]
@@ -396,4 +396,3 @@ class Emulator:
         normal = func.is_view and isinstance(args[0], torch.Tensor) and not args[0].is_inference()
         with torch.inference_mode(False) if normal else contextlib.nullcontext():
             return wrap_all(out, index, self.wrap)
-

@@ -338,7 +338,7 @@ class Sampler:
         for index, kind in kinds:
             if kind.commits:
                 committing |= rows.kind == index
- # (b,)
+        # (b,)
         column = torch.full((1,), mask, device=out.device)  # index_fill_ writes (b, L), no view
         if self.model.parametrisation == "x0":  # s_y = p0_y / (e^sigma - 1), s_mask = 1
             scale = (c / torch.expm1(sigma_t)).float()[:, None, None]  # (b, 1, 1)

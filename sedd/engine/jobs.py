@@ -172,4 +172,3 @@ def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
         limits, graph, num_cells=job.num_cells, first_cell=job.first_cell, eps=job.eps,
         labels=job.labels, cell_types=job.cell_types, x_init=job.x_init, fixed=job.fixed,
     )  # fmt: skip
-

@@ -198,8 +198,11 @@ def shard_provenance(
     batch was already on disk, so the forward shape its identity fixes)."""
     if engine is None:
         genes = job.loaded.config.num_genes
-        engine = {"block_rows": job.block_rows, "tokens_per_forward": job.block_rows * genes,
-                  "rows_per_tick": -(-job.settings.batch_size // job.block_rows) * job.block_rows}
+        engine = {
+            "block_rows": job.block_rows,
+            "tokens_per_forward": job.block_rows * genes,
+            "rows_per_tick": -(-job.settings.batch_size // job.block_rows) * job.block_rows,
+        }
     shard = {
         "index": job.shard.index,
         "count": job.shard.count,

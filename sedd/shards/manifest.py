@@ -89,9 +89,7 @@ def request_identity(
         "request": params,
         "model_sha256": loaded.file_hash,
         "genes_sha256": _canonical_sha256(list(loaded.config.genes)),
-        "block_rows": block_rows_for(
-            loaded.config.num_genes, precision.device, tokens_per_forward
-        ),
+        "block_rows": block_rows_for(loaded.config.num_genes, precision.device, tokens_per_forward),
         "amp_dtype": precision.name,
         "tf32": precision.tf32,
         "device_type": precision.device.type,

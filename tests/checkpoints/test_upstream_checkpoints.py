@@ -159,8 +159,15 @@ def test_cell_type_family_refuses_a_request_without_cell_type_at_planning() -> N
                                 sampling=SamplingOptions(steps=2))  # fmt: skip
     with pytest.raises(ValueError, match=r"needs a cell type for every cell.*'B', 'Mono', 'T'"):
         plan(loaded, request)
-    planned = plan(loaded, GenerationRequest(conditions=("STAT1",), cells_per_condition=1,
-                                             cell_type="Mono", sampling=SamplingOptions(steps=2)))
+    planned = plan(
+        loaded,
+        GenerationRequest(
+            conditions=("STAT1",),
+            cells_per_condition=1,
+            cell_type="Mono",
+            sampling=SamplingOptions(steps=2),
+        ),
+    )
     assert list(planned.cells["cell_type"]) == ["Mono"]  # fmt: skip
 
 

@@ -85,9 +85,7 @@ def test_dcm_readme_key_value_words_run_and_are_printed_once_as_flags(
 
 
 @pytest.mark.parametrize("word", ["EXPERIMENTDIR=x", "EVALUATE=maybe"])
-def test_a_key_value_word_naming_nothing_is_one_line_naming_it(
-    tmp_path: Path, word: str
-) -> None:
+def test_a_key_value_word_naming_nothing_is_one_line_naming_it(tmp_path: Path, word: str) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     with pytest.raises(ValueError, match=word.split("=")[0]):
         inference_conditional(["--experiment_dir", str(exp), word, *FAST])
@@ -136,16 +134,28 @@ def test_perturbations_all_file_variable_reaches_the_script(tmp_path: Path) -> N
     assert list(default.obs["condition_idx"]) == [1]  # the model's own names file: GENE_A is 1
     np.testing.assert_array_equal(var.X.todense(), flag.X.todense())
     # two label files named by the old and the new variable: refused, nothing sampled
-    clash = job("inf_conditional.sh", **common, PERTURBATIONS_ALL_FILE=str(order),
-                PERTURBATION_MAP=str(tmp_path / "want.txt"), OUTPUT_DIR=str(tmp_path / "x"))
+    clash = job(
+        "inf_conditional.sh",
+        **common,
+        PERTURBATIONS_ALL_FILE=str(order),
+        PERTURBATION_MAP=str(tmp_path / "want.txt"),
+        OUTPUT_DIR=str(tmp_path / "x"),
+    )
     assert clash.returncode == 2 and "set PERTURBATIONS_ALL_FILE only" in clash.stderr
     assert not (tmp_path / "x").exists()
 
 
 def test_job_script_takes_the_readme_words_as_variables(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert", tmp_path)
-    run = job("inf_conditional.sh", f"EXPERIMENT_DIR={exp}", "NUM_SAMPLES_PER_PERT=1",
-              "NUM_STEPS=2", "PRECISION=fp32", "CELL_TYPE=", f"OUTPUT_DIR={tmp_path / 'o'}")
+    run = job(
+        "inf_conditional.sh",
+        f"EXPERIMENT_DIR={exp}",
+        "NUM_SAMPLES_PER_PERT=1",
+        "NUM_STEPS=2",
+        "PRECISION=fp32",
+        "CELL_TYPE=",
+        f"OUTPUT_DIR={tmp_path / 'o'}",
+    )
     assert run.returncode == 0, run.stderr
     assert "note: EXPERIMENT_DIR=" in run.stderr
     assert anndata.read_h5ad(tmp_path / "o" / "generated_cells.h5ad").n_obs == 5  # 5 labels
@@ -185,8 +195,20 @@ def test_evaluate_checks_genes_before_sampling_and_names_the_scripts_flags(
     exp = _experiment("tiny_pert", tmp_path)
     genes = [f"G{i}" for i in range(64)]
     test = _cells(tmp_path / "test.h5ad", ["GENE_A", "non-targeting"], 3, genes, "gene")
-    argv = ["--experiment_dir", str(exp), "--perturbations", "GENE_A", "--evaluate",
-            "--test_data_path", str(test), "--gene", "gene", "--num_samples_per_pert", "2", *FAST]
+    argv = [
+        "--experiment_dir",
+        str(exp),
+        "--perturbations",
+        "GENE_A",
+        "--evaluate",
+        "--test_data_path",
+        str(test),
+        "--gene",
+        "gene",
+        "--num_samples_per_pert",
+        "2",
+        *FAST,
+    ]
     run = runpy_script("inference_conditional.py", argv)
     assert run[0] == 2
     assert "--genes FILE (job scripts: GENES_FILE)" in run[1]
@@ -278,8 +300,9 @@ def test_dcm_config_keys_are_honoured(tmp_path: Path) -> None:
 def test_st3_perturbseq_flags_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     genes = [str(i) for i in range(64)]
-    test = _cells(tmp_path / "test.h5ad", ["GENE_A", "GENE_B", "non-targeting"], 3, genes,
-                  "cytokine")  # st3's --gene names the label column (DCM's data.gene: cytokine)
+    test = _cells(
+        tmp_path / "test.h5ad", ["GENE_A", "GENE_B", "non-targeting"], 3, genes, "cytokine"
+    )  # st3's --gene names the label column (DCM's data.gene: cytokine)
     argv = ["--experiment_dir", str(exp), "--data_path", str(test), "--gene", "cytokine",
             "--sampler", "euler", "--num_batches", "2", "--use_train_split", "--batch_size", "4",
             "--num_samples_per_pert", "2", *FAST]  # fmt: skip

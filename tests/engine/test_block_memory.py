@@ -40,8 +40,14 @@ def test_the_per_token_constant_bounds_a_measured_block_step():
     genes, bins = 2000, 1724  # K562's vocabulary: the logits dominate, as at the real shape
     with emulate_cuda(backing="meta"):
         with torch.device("meta"):
-            model = SEDDPerturbationTransformer(num_genes=genes, num_bins=bins, hidden_dim=64,
-                                                num_layers=2, num_heads=2, num_perturbations=3)
+            model = SEDDPerturbationTransformer(
+                num_genes=genes,
+                num_bins=bins,
+                hidden_dim=64,
+                num_layers=2,
+                num_heads=2,
+                num_perturbations=3,
+            )
         model = model.to("cuda").eval()
         graph = graph_from_config({"type": "absorb", "dim": bins + 1})
         noise = noise_from_config({"type": "loglinear", "eps": 1e-3})

@@ -458,7 +458,10 @@ def test_uniform_graph_score_model_jobs_match_their_solo_runs():
         cls = AnalyticSampler if options.sampler == "analytic" else EulerSampler
         sampler = cls(loaded.model, loaded.noise, loaded.graph, precision=FP32)
         want = sampler.sample(
-            j.num_cells, steps=options.steps, num_genes=64, seed=options.seed,
+            j.num_cells,
+            steps=options.steps,
+            num_genes=64,
+            seed=options.seed,
             first_cell=j.first_cell,
         )
         assert torch.equal(handle.future.result().tokens, want)

@@ -19,9 +19,7 @@ import pytest
 import torch
 
 EMULATED = os.environ.get("SEDD_EMULATE_CUDA", "").strip().lower() not in ("", "0", "false", "no")
-DEVICE = torch.device(
-    "cuda" if EMULATED else (os.environ.get("SEDD_TEST_DEVICE", "cpu") or "cpu")
-)
+DEVICE = torch.device("cuda" if EMULATED else (os.environ.get("SEDD_TEST_DEVICE", "cpu") or "cpu"))
 ON_CUDA = DEVICE.type == "cuda"
 
 needs_cuda = pytest.mark.skipif(not ON_CUDA, reason="the CUDA lane: SEDD_TEST_DEVICE=cuda")

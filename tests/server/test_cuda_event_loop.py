@@ -31,10 +31,24 @@ async def test_requests_make_no_cuda_call_on_the_event_loop_thread(model_dir: Pa
         bodies = [
             ("/generate", {"num_cells": 2, "steps": 3, "condition": "KRAS", "seed": 1}),
             ("/generate", {"conditions": {"TP53": 1, "MYC": 2}, "steps": 2}),
-            ("/predict", {"perturbations": ["KRAS", "TP53", "MYC"], "cells_per_perturbation": 1,
-                          "steps": 2, "cell_type": "T"}),
-            ("/impute", {"genes": ["GENE3", "GENE0"], "counts": [[1, 5], [0, 2]], "steps": 2,
-                         "cell_conditions": ["KRAS", "BAD"]}),
+            (
+                "/predict",
+                {
+                    "perturbations": ["KRAS", "TP53", "MYC"],
+                    "cells_per_perturbation": 1,
+                    "steps": 2,
+                    "cell_type": "T",
+                },
+            ),
+            (
+                "/impute",
+                {
+                    "genes": ["GENE3", "GENE0"],
+                    "counts": [[1, 5], [0, 2]],
+                    "steps": 2,
+                    "cell_conditions": ["KRAS", "BAD"],
+                },
+            ),
         ]
         answers = [await client.post(route, json=body) for route, body in bodies]
         streamed = await client.post("/generate/stream", json={"num_cells": 1, "steps": 2})
