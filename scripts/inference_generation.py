@@ -1,7 +1,7 @@
 """st3-compatible `scripts/inference_generation.py`: Generate cells from an unconditional model.
 
 A thin wrapper: flags and outputs are described in ``sedd.commands.st3_scripts``; sampling is
-``sedd.run.generate``, the loop every other entry point uses. ``--help`` lists the flags.
+``sedd.run.run_plan``, the loop every other entry point uses. ``--help`` lists the flags.
 """
 
 from sedd.commands.st3_scripts import inference_generation

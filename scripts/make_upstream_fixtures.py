@@ -1,11 +1,11 @@
 """Write tests/data/upstream/: tiny checkpoints of two upstream model families, saved as their own
 trainers save them, with the log-scores their own code computes for fixed inputs.
 
-* aivc-dcm (``--dcm-src``, a tree holding ``src/sedd/model.py`` or ``sedd/model.py``):
+* aivc-dcm (``--dcm-src``, a tree holding ``<tree>/src/sedd/model.py`` or ``<tree>/sedd/model.py``):
   ``SEDDPerturbationTransformerSeparateFiLM`` (+ sizes) and the summed
   ``SEDDPerturbationTransformer`` (+ sizes), chosen by ``model_name`` in args.json.
 * st3's cell-type family (``--st3-celltype-src``, a tree of kleonlab/st3 branch
-  mismatch-celltype, holding ``sedd/model.py`` and ``celltype_cond/sedd/model.py``):
+  mismatch-celltype, holding ``<tree>/sedd/model.py`` and ``<tree>/celltype_cond/sedd/model.py``):
   ``SEDDCellTypePerturbationTransformer{Small,Medium,Large}``, chosen by ``model_size``.
 
 The upstream model files are imported from those trees here, at generation time only: each is
@@ -63,8 +63,9 @@ def dcm_models(root: Path) -> types.ModuleType:
 
 
 def st3_celltype_models(root: Path) -> types.ModuleType:
-    """celltype_cond/sedd/model.py does ``from sedd.model import ...``: serve it st3's base
-    model file under that name while it imports, then put back whatever ``sedd`` was."""
+    """``<tree>/celltype_cond/sedd/model.py`` does ``from sedd.model import ...``: serve it
+    st3's base model file under that name while it imports, then put back whatever ``sedd``
+    was."""
     base = load_module("st3_model", first_file(root, "sedd/model.py"))
     saved = {key: sys.modules.get(key) for key in ("sedd", "sedd.model")}
     package = types.ModuleType("sedd")

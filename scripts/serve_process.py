@@ -22,7 +22,7 @@ def free_port() -> int:
 
 
 class ServeProcess:
-    """``with ServeProcess(flags) as server:`` runs ``sedd serve <flags>`` at ``server.url``
+    """``with ServeProcess(flags) as server:`` runs ``sedd serve <flags>`` at ``ServeProcess.url``
     (one torch thread), ready once GET ``ready_path`` gives a response ``ready`` accepts."""
 
     def __init__(

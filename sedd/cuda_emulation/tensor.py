@@ -3,8 +3,9 @@
 A wrapper subclass (``torch.Tensor._make_wrapper_subclass``) with device ``cuda:N``, so its
 dispatch keys are CUDA's: torch's real CUDA autocast policy applies to it, ``.numpy()`` refuses
 it, ``x.device.type == "cuda"`` holds. Each aten op on it comes to ``__torch_dispatch__``, which
-applies what a GPU would (``sedd.cuda_emulation.rules``: a CPU/CUDA mix raises, a host sync is
-recorded) and runs the op on the backing tensors (CPU for values, ``meta`` for shapes only).
+applies what a GPU would (``sedd.cuda_emulation.runtime.Emulator``: a CPU/CUDA mix raises, a
+host sync is recorded) and runs the op on the backing tensors (CPU for values, ``meta`` for
+shapes only).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ pipelines read: start tokens at t = 1, one ``Sampler.step`` per pair of times on
 cell's time off its own tokens, takes at most ``steps`` forwards and ends when every cell is
 done. The batching engine
 (``sedd.engine``) runs the same steps for many requests at once, packing their rows into shared
-forwards; ``tests/diffusion/test_reference.py`` checks that its cells equal this loop's bit for
-bit, for every sampler, grid, conditioning and imputation.
+forwards; ``tests/engine/test_engine_equals_reference.py`` checks that its cells equal this
+loop's bit for bit, for every sampler, grid, conditioning and imputation.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 A ``Monitor`` is an engine observer (``Engine(..., observer=monitor)``): the engine calls
 ``on_forward`` after every packed forward and ``on_job_done`` when a job ends, so forwards are
 counted as they really ran. ``add_forward`` / ``add_cells`` count by hand.
-``sedd.run.generate`` reports its stats from one; the server keeps one per app.
+``sedd.run.run_plan`` reports its stats from one; the server keeps one per app.
 ``PeakMemory`` measures the peak memory of one block (benchmarks):
 ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the peak resident set size above the level at
 entry, sampled every 2 ms by a thread (a process's own peak RSS cannot be reset between runs, so

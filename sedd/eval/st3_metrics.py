@@ -1,9 +1,10 @@
 """st3's per-perturbation generation metrics and the three files its evaluation writes.
 
 kleonlab/st3 scores generated cells against held-out ones, one perturbation at a time, in
-``scripts/evals/perturbed_pseq.py`` (branches ``mismatch-flash2`` and ``mismatch-flash-celltype``;
-the MMD subsample became 100 cells in f57455f, 2026-01-27). This module recomputes the same
-numbers and writes the same files, so results line up with the paper's tables:
+``<st3>/scripts/evals/perturbed_pseq.py`` (branches ``mismatch-flash2`` and
+``mismatch-flash-celltype``; the MMD subsample became 100 cells in f57455f, 2026-01-27). This
+module recomputes the same numbers and writes the same files, so results line up with the
+paper's tables:
 
 * ``generation_metrics_per_perturbation.json``: ``{perturbation: {"w2", "mmd2_rbf", "fd",
   "n_real", "n_generated"}}``, perturbations in sorted order;

@@ -3,7 +3,7 @@
 HDF5 (through h5py) handles an ``ENOSPC`` or ``EFBIG`` from the OS badly: h5py swallows the
 error and HDF5 can end the process with a segfault at its next step. ``GuardedFile`` is handed to
 h5py's ``fileobj`` driver instead of a file name; it keeps the first refused write and drops the
-rest, so ``sedd.io.write.CellWriter`` can raise it cleanly and remove the temporary file.
+rest, so ``sedd.io.cell_writer.CellWriter`` can raise it cleanly and remove the temporary file.
 """
 
 from __future__ import annotations
