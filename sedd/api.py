@@ -33,6 +33,7 @@ from sedd.defaults import (
     SamplingOptions,
     Schedule,
     default_device,
+    resolve_threads,
 )
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
 from sedd.diffusion.sampling import Sampler
@@ -117,6 +118,7 @@ def load(
     use_ema: bool = True,
     tokens_per_forward: int | None = None,
     cuda_graphs: bool | None = None,
+    threads: int | None = None,
 ) -> Model:
     """Load a model for sampling.
 
@@ -130,8 +132,10 @@ def load(
     ``tokens_per_forward``: rows x genes per model forward (the device's default when None), as
     ``sedd generate --tokens-per-forward`` and the server's ``SEDD_TOKENS_PER_FORWARD``.
     ``cuda_graphs``: replay each forward block from a captured CUDA graph (CUDA only; None:
-    ``SEDD_CUDA_GRAPHS``, else off); it never changes a cell.
+    ``SEDD_CUDA_GRAPHS``, else off); it never changes a cell. ``threads``: torch threads, set
+    where each run starts (None: ``SEDD_THREADS``, else as torch has it); never a cell.
     """
+    resolve_threads(threads)  # a bad value is refused here, not at the first run
     if device is None:
         device = default_device()
     loaded = load_checkpoint(
@@ -144,7 +148,8 @@ def load(
         device=device,
     )
     policy = resolve_precision(precision, loaded.device)
-    return Model(loaded, policy, tokens_per_forward=tokens_per_forward, cuda_graphs=cuda_graphs)
+    graphs = {"tokens_per_forward": tokens_per_forward, "cuda_graphs": cuda_graphs}
+    return Model(loaded, policy, **graphs, threads=threads)
 
 
 class Model:
@@ -166,9 +171,10 @@ class Model:
         *,
         tokens_per_forward: int | None = None,
         cuda_graphs: bool | None = None,
+        threads: int | None = None,
     ) -> None:
         self.loaded, self.policy, self.tokens_per_forward = loaded, policy, tokens_per_forward
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs, self.threads = cuda_graphs, threads
         # one sampler per (precision, rows a forward, CUDA graphs), kept for the model's life:
         # it holds the captured CUDA graphs, which a sampler per call would capture again
         self._samplers: dict[tuple[PrecisionPolicy, int, bool], Sampler] = {}
@@ -375,7 +381,8 @@ class Model:
         self, request: GenerationRequest, progress: bool | None, batch_size: int
     ) -> anndata.AnnData:
         planned = plan(self.loaded, request)
-        settings = EngineSettings(batch_size, self.tokens_per_forward, self.cuda_graphs)
+        settings = EngineSettings(batch_size, self.tokens_per_forward, self.cuda_graphs,
+                                  self.threads)  # fmt: skip
         sampler = self._sampler(settings)
         graphs = self._graphs_lock if sampler.graphs.enabled else contextlib.nullcontext()
         show = interactive() if progress is None else progress

@@ -38,11 +38,34 @@ STEPS_ONLY_GRID: TimeGrid = "uniform"
 
 
 def default_device() -> str:
-    """ "cuda" when torch sees a GPU, else "cpu": the device every front door uses when none is
-    given (torch is imported here, on first use, so the CLI's parsers stay light)."""
+    """The device every front door uses when none is given: "cuda" when torch sees a GPU, else
+    "cpu" (torch is imported here, on first use, so the CLI's parsers stay light)."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+THREADS_ENV = "SEDD_THREADS"
+
+
+def resolve_threads(threads: int | None) -> int | None:
+    """The torch threads a run samples on: ``threads``, else ``SEDD_THREADS``, else None (leave
+    torch's setting). Set where sampling starts, so a library that changed torch's threads in
+    the same process (scanpy's ``pp.normalize_total`` can) cannot slow sampling."""
+    import os
+
+    if threads is None:
+        text = os.environ.get(THREADS_ENV, "").strip()
+        if not text:
+            return None
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(
+                f"{THREADS_ENV}={text!r}: must be a whole number >= 1 (torch threads)."
+            )
+        return int(text)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"`threads` must be a whole number >= 1 (or None), got {threads!r}.")
+    return threads
 
 
 @dataclass(frozen=True)

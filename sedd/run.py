@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
+from sedd.defaults import resolve_threads
 from sedd.diffusion.sampling import Sampler
 from sedd.engine import (
     Engine,
@@ -82,6 +84,9 @@ def run_plan(
     the forward shape the engine ran (every output's provenance).
     """
     settings = EngineSettings() if settings is None else settings
+    threads = resolve_threads(settings.threads)
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)  # where sampling starts: whatever ran before changed it
     loaded, request = plan.loaded, plan.request
     cells = cell_range if cell_range is not None else range(len(plan))
     if cells.start < 0 or cells.stop > len(plan):

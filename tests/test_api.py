@@ -249,3 +249,38 @@ def test_a_model_reuses_one_sampler_and_its_cuda_graphs_across_calls(
     request = request_of(cells_per_condition=1, conditions=("KRAS",), steps=2)
     with pytest.raises(ValueError, match="`sampler` runs fp32 forwards of 1 rows, this run fp32"):
         run_plan(plan(fresh.loaded, request), fresh.policy, sampler=samplers[2])
+
+
+def test_threads_are_set_where_sampling_starts(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another library in the process (scanpy's normalize_total) may change torch's threads;
+    ``threads`` (and ``SEDD_THREADS``, and ``--threads``) put them back where a run starts, and
+    never change a cell."""
+    before = torch.get_num_threads()
+    try:
+        model = sedd.load(model_dir, device=str(DEVICE), precision="fp32", threads=1)
+        want = model.generate(2, condition=PERTURBATIONS[0], steps=2, seed=4)
+        torch.set_num_threads(2)  # what the other library did
+        cells = model.generate(2, condition=PERTURBATIONS[0], steps=2, seed=4)
+        assert torch.get_num_threads() == 1
+        np.testing.assert_array_equal(dense(cells.X), dense(want.X))
+        torch.set_num_threads(2)
+        monkeypatch.setenv("SEDD_THREADS", "1")
+        sedd.load(model_dir, device=str(DEVICE), precision="fp32").generate(
+            1, condition=PERTURBATIONS[0], steps=1
+        )
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.delenv("SEDD_THREADS")
+        cli("generate", "--model", str(model_dir), "--conditions", PERTURBATIONS[0], "--cells",
+            "1", "--steps", "1", "--threads", "1", "--precision", "fp32",
+            "--out", str(tmp_path / "t.h5ad"))  # fmt: skip
+        assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError, match=r"`threads` must be a whole number >= 1"):
+            sedd.load(model_dir, device=str(DEVICE), threads=0)
+        monkeypatch.setenv("SEDD_THREADS", "two")
+        with pytest.raises(ValueError, match=r"SEDD_THREADS='two': must be a whole number"):
+            sedd.load(model_dir, device=str(DEVICE))
+    finally:
+        torch.set_num_threads(before)

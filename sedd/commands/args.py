@@ -115,6 +115,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
         "forward runs on N // genes rows, so cells do not depend on their batch",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if any)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch threads to sample on, set where sampling starts (default: SEDD_THREADS, "
+        "else torch's own); never changes a cell",
+    )
     add_cuda_graphs_argument(p)
     p.add_argument("--cell-type", help="condition every cell on this cell type")
 

@@ -114,10 +114,10 @@ def request_from_args(
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:
     """How the run's engine is set up: ``--batch-size``, ``--tokens-per-forward``,
-    ``--cuda-graphs`` (not part of the request)."""
+    ``--cuda-graphs``, ``--threads`` (not part of the request)."""
     return EngineSettings(
         args.batch_size, getattr(args, "tokens_per_forward", None),
-        getattr(args, "cuda_graphs", None),
+        getattr(args, "cuda_graphs", None), getattr(args, "threads", None),
     )  # fmt: skip
 
 

@@ -65,6 +65,7 @@ class EngineSettings:
     batch_size: int = DEFAULT_BATCH_SIZE
     tokens_per_forward: int | None = None
     cuda_graphs: bool | None = None
+    threads: int | None = None  # torch threads to sample on (None: SEDD_THREADS, else as is)
 
     def __post_init__(self) -> None:
         budget = self.tokens_per_forward
@@ -72,6 +73,9 @@ class EngineSettings:
             ("batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, ">= 1"),
             ("tokens_per_forward", budget is None or (isinstance(budget, int) and budget >= 1),
              ">= 1 (or None: the device's default)"),
+            ("threads", self.threads is None or (isinstance(self.threads, int)
+                                                and not isinstance(self.threads, bool)
+                                                and self.threads >= 1), ">= 1 (or None)"),
         ):  # fmt: skip
             if not ok:
                 raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)!r}.")
