@@ -29,9 +29,7 @@ from sedd.checkpoints import DEFAULT_MODEL, LoadedModel, load_checkpoint, model_
 from sedd.defaults import (
     CELLS_PER_PERTURBATION,
     DEFAULT_BATCH_SIZE,
-    LIBRARY_SCHEDULE,
     SamplingOptions,
-    Schedule,
     default_device,
     resolve_threads,
 )
@@ -54,24 +52,6 @@ from sedd.request.provenance import run_provenance
 from sedd.run import interactive, progress_bar, run_plan
 
 __all__ = ["Model", "load"]
-
-
-def sampling_of(
-    sampling: SamplingOptions | None, options: dict[str, Any], default: Schedule = LIBRARY_SCHEDULE
-) -> SamplingOptions:
-    """A method's sampling options: its ``sampling`` value, or one made from its keywords
-    (``SamplingOptions.resolve`` with the model's ``default`` schedule: an unknown or invalid
-    one raises ``OptionError``)."""
-    if sampling is None:
-        return SamplingOptions.resolve(**options, default=default)
-    if options:
-        raise ValueError(
-            f"pass `sampling` or sampling options by keyword ({', '.join(sorted(options))}), "
-            "not both."
-        )
-    if not isinstance(sampling, SamplingOptions):
-        raise TypeError(f"`sampling` must be a sedd.SamplingOptions, got {sampling!r}.")
-    return sampling
 
 
 _P = ParamSpec("_P")
@@ -198,7 +178,14 @@ class Model:
 
     @property
     def control(self) -> str | None:
-        return self.loaded.config.control_label
+        """A perturbation model's control label; None for other models (``default_condition``)."""
+        config = self.loaded.config
+        return config.control_label if config.label_kind == "perturbation" else None
+
+    @property
+    def default_condition(self) -> str | None:
+        """The condition a request without one gets (a perturbation model's control)."""
+        return self.loaded.config.control_label if self.loaded.conditional else None
 
     @property
     def cell_types(self) -> list[str]:
@@ -251,7 +238,7 @@ class Model:
         ``sedd generate --conditions ... --cells N --seed S`` (``--like FILE``) and the server's
         ``/generate`` for the same parameters.
         """
-        sampling = sampling_of(sampling, options, self.loaded.schedule)
+        sampling = SamplingOptions.of(sampling, options, self.loaded.schedule)
         if like is not None:
             if num_cells is not None or condition is not None:
                 raise ValueError("pass `like` or `num_cells`/`condition`, not both.")
@@ -287,7 +274,7 @@ class Model:
         conditions = perturbation_conditions(
             self.loaded, names, include_control=include_control, control=control
         )
-        sampling = sampling_of(sampling, options, self.loaded.schedule)
+        sampling = SamplingOptions.of(sampling, options, self.loaded.schedule)
         request = self._request(cells_per_perturbation, conditions, cell_type, sampling)
         return self._run(request, progress, batch_size)
 
@@ -337,7 +324,7 @@ class Model:
         imputation = imputation_from_anndata(self.loaded, adata, layer=layer, clip=clip)
         imputation = with_cell_types(self.loaded, imputation, cell_type_key=cell_type_key)
         dropped_genes_warning(imputation)
-        sampling = sampling_of(sampling, options, self.loaded.schedule)
+        sampling = SamplingOptions.of(sampling, options, self.loaded.schedule)
         conditions, counts = imputation_conditions(
             self.loaded, imputation, condition, condition_key
         )

@@ -240,6 +240,23 @@ class SamplingOptions:
         schedule = resolve_schedule(steps, time_grid, sampler, entropy_bound, default)
         return cls(**schedule, **options)
 
+    @classmethod
+    def of(
+        cls, sampling: SamplingOptions | None, options: dict[str, Any], default: Schedule
+    ) -> SamplingOptions:
+        """A Python method's sampling options: its ``sampling`` value, or one made from its
+        keywords (``resolve`` with the model's ``default`` schedule)."""
+        if sampling is None:
+            return cls.resolve(**options, default=default)
+        if options:
+            raise ValueError(
+                f"pass `sampling` or sampling options by keyword ({', '.join(sorted(options))}), "
+                "not both."
+            )
+        if not isinstance(sampling, SamplingOptions):
+            raise TypeError(f"`sampling` must be a sedd.SamplingOptions, got {sampling!r}.")
+        return sampling
+
     def record(self) -> dict[str, Any]:
         """The options as plain JSON values (run ids, shard identities, provenance), derived from
         the fields themselves: a new option is recorded without a list to update. A field whose

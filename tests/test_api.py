@@ -284,3 +284,19 @@ def test_threads_are_set_where_sampling_starts(
             sedd.load(model_dir, device=str(DEVICE))
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_cell_type_model_speaks_of_cell_types_and_a_perturbation_model_of_perturbations(
+    model: sedd.Model,
+) -> None:
+    """The bundled model's labels are cell types: its Python card names no perturbations and no
+    control (as its HTTP card), but a default condition; a perturbation model keeps both."""
+    bundled = sedd.load(device="cpu", precision="fp32")
+    card = bundled.card
+    assert card["label_kind"] == "cell_type"
+    assert card["perturbations"] is None and card["control_label"] is None
+    assert bundled.control is None
+    assert card["default_condition"] == bundled.default_condition == "Dendritic"
+    assert card["conditions"] == bundled.conditions and "Dendritic" in bundled.conditions
+    assert model.card["perturbations"] == PERTURBATIONS and model.control == "ctrl"
+    assert model.card["default_condition"] == model.default_condition == "ctrl"

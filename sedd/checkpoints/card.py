@@ -10,6 +10,7 @@ from sedd.checkpoints.loaded import LoadedModel
 def model_card_dict(loaded: LoadedModel) -> dict[str, Any]:
     config = loaded.config
     vectors = loaded.perturbation_vectors
+    perturbation_model = config.label_kind == "perturbation"
     return {
         "path": str(loaded.path),
         "layout": loaded.layout,
@@ -26,8 +27,11 @@ def model_card_dict(loaded: LoadedModel) -> dict[str, Any]:
         "genes_by_position": config.genes_by_position,
         "genes": config.genes,
         "conditions": loaded.conditions,
-        "perturbations": config.perturbations,
-        "control_label": config.control_label,
+        # the condition a request without one falls back to (a cell-type model's reference for
+        # predict); perturbation words only for perturbation models, as the HTTP card has them
+        "default_condition": config.control_label if config.num_perturbations else None,
+        "perturbations": config.perturbations if perturbation_model else None,
+        "control_label": config.control_label if perturbation_model else None,
         "perturbation_vector_names": None if vectors is None else list(vectors),
         "cell_types": config.cell_types,
         "label_key": config.label_key,

@@ -67,7 +67,7 @@ def test_without_a_key_the_training_key_is_used_and_said(model: sedd.Model, real
     with warnings.catch_warnings():
         warnings.simplefilter("error", ImputationConditionNote)
         control = model.impute(bare, steps=2, seed=1)
-    assert set(control.obs["bulk_labels"].astype(str)) == {model.control}
+    assert set(control.obs["bulk_labels"].astype(str)) == {model.default_condition}
 
 
 def test_bad_keys_are_one_line_errors(model: sedd.Model, real: ad.AnnData):

@@ -72,7 +72,9 @@ def expected(seed: int) -> np.ndarray:
 
     torch.set_num_threads(1)
     model = sedd.load(device="cpu", precision="fp32")
-    cells = model.generate(1, condition=model.control, steps=STEPS, seed=seed, progress=False)
+    cells = model.generate(
+        1, condition=model.default_condition, steps=STEPS, seed=seed, progress=False
+    )
     return cells.X.toarray()
 
 
