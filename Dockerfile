@@ -31,10 +31,9 @@ RUN python3 -m venv /app/.venv \
     && /app/.venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}"
 COPY --chown=sedd:sedd pyproject.toml README.md ./
+# the bundled model and its data ship inside the package (sedd/bundled)
 COPY --chown=sedd:sedd sedd ./sedd
 COPY --chown=sedd:sedd server ./server
-COPY --chown=sedd:sedd models ./models
-COPY --chown=sedd:sedd data ./data
 COPY --chown=sedd:sedd scripts ./scripts
 COPY --chown=sedd:sedd slurm ./slurm
 RUN /app/.venv/bin/pip install --no-cache-dir -e . \

@@ -15,6 +15,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -130,13 +131,13 @@ def resolve_schedule(
     }
 
 
-# Paths of what ships with the package (the CLI's parsers read these too).
-# The repository root when installed from a checkout (`pip install -e .`): models/ and data/.
-ROOT = Path(__file__).resolve().parents[1]
+# What ships inside the package (package data, in the wheel too; the checkout's models/
+# pbmc_default and data/ point here), found with importlib.resources, never through a checkout.
+BUNDLED = Path(str(files("sedd").joinpath("bundled")))
 # The model served and sampled when no path is given: the bundled PBMC model.
-DEFAULT_MODEL = ROOT / "models" / "pbmc_default"
+DEFAULT_MODEL = BUNDLED / "pbmc_default"
 # The bundled real counts (PBMC 68k reduced, 700 cells x 765 genes) the default model trained on.
-BUNDLED_DATA = ROOT / "data" / "pbmc68k_counts.h5ad"
+BUNDLED_DATA = BUNDLED / "data" / "pbmc68k_counts.h5ad"
 
 # Cells per perturbation when none is asked for: st3's own default (`--num_samples_per_pert`),
 # shared by every entry point (the st3 scripts, `sedd predict`, `Model.predict`, HTTP /predict).
