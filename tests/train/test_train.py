@@ -384,7 +384,7 @@ def test_config_file_paths_are_relative_to_the_file_not_the_cwd(tmp_path, monkey
     root = Path(__file__).parents[2]
     shipped = load_train_config(root / "configs" / "pbmc_default_v2.json")  # the bundled recipe
     assert Path(shipped.data).is_file() and Path(shipped.data).name == "pbmc68k_counts.h5ad"
-    assert Path(shipped.out).resolve() == root / "models" / "pbmc_default"
+    assert Path(shipped.out).resolve() == (root / "models" / "pbmc_default").resolve()
     assert Path(shipped.init_from).resolve() == root / "models" / "pbmc_v1"
     assert load_checkpoint(shipped.init_from).config.provenance.step == 4700  # the v1 chain's end
     for first_model in ("pbmc_default.json", "pbmc_default_stage2.json"):  # the v1 chain
