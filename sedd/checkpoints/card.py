@@ -99,6 +99,8 @@ def model_card(loaded: LoadedModel) -> str:
     if prov.source_file:
         source += f" [{prov.source_file}]"
     rows.append(("source", source))
+    if prov.source_class:  # the upstream class it was trained as (DCM's model_name, say)
+        rows.append(("upstream class", prov.source_class))
     for label, value in (
         ("step", prov.step),
         ("ema", prov.ema),

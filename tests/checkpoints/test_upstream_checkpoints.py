@@ -180,3 +180,11 @@ def test_a_list_that_reorders_args_json_perturbations_is_refused(tmp_path: Path)
     same.write_text("\n".join(PERTURBATIONS) + "\n")
     loaded = load_checkpoint(UPSTREAM / "st3_celltype", perturbations=same)
     assert loaded.label_index("IRF1") == 2
+
+
+def test_the_model_card_names_the_upstream_class() -> None:
+    from sedd.checkpoints import model_card
+
+    text = model_card(load_checkpoint(UPSTREAM / "dcm_film_ct"))
+    assert "upstream class    SEDDPerturbationTransformerSeparateFiLMSmall" in text
+    assert "conditioning=separate_film" in text
