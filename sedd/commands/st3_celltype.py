@@ -44,7 +44,13 @@ from sedd.checkpoints import LoadedModel
 from sedd.commands.args import add_progress_argument
 from sedd.commands.st3_flags import add_st3_flags
 from sedd.commands.st3_outputs import refuse_early, write_result
-from sedd.commands.st3_scripts import _known, _load, _parse, _sampling_request
+from sedd.commands.st3_scripts import (
+    _known,
+    _load,
+    _parse,
+    _sampling_request,
+    own_arguments,
+)
 from sedd.commands.st3_words import in_script_words
 from sedd.io.files import write_bytes_atomic
 from sedd.request.conditions import read_perturbation_file
@@ -62,17 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Generate perturbed cells of one cell type (st3 celltype_cond inference).",
     )  # fmt: skip
     add_st3_flags(p, "celltype")
-    own = p.add_argument_group("sedd options (not st3's)")
-    own.add_argument("--genes", help="gene names file (one a line, or an h5ad's var_names)")
-    own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16",
-                     help="default bf16")  # fmt: skip
-    own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    own.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing result (default: refuse before sampling; nothing is lost)",
-    )
-    add_progress_argument(own)
+    add_progress_argument(own_arguments(p, precision_help="default bf16"))
     return p
 
 

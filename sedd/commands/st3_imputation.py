@@ -56,7 +56,7 @@ from sedd.commands.args import add_progress_argument
 from sedd.commands.output import check_h5ad_name, request_from_args
 from sedd.commands.st3_flags import add_st3_flags, flags_for
 from sedd.commands.st3_outputs import OVERWRITE, write_result
-from sedd.commands.st3_scripts import _load, _parse
+from sedd.commands.st3_scripts import _load, _parse, own_arguments
 from sedd.defaults import MAX_SEED, PREDICTORS
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.io.files import refuse_existing, write_bytes_atomic
@@ -104,11 +104,10 @@ def _parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     add_st3_flags(p, "imputation")
-    own = p.add_argument_group("sedd options (not st3's)")
-    own.add_argument("--genes", help="gene names file (default for an st3 model: --data_path's)")
-    own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="fp32",
-                     help="default fp32: st3's imputation runs without autocast")  # fmt: skip
-    own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    own = own_arguments(
+        p, precision="fp32", precision_help="default fp32: st3's imputation runs without autocast",
+        genes_help="gene names file (default for an st3 model: --data_path's)",
+    )  # fmt: skip
     own.add_argument("--output_dir", type=Path,
                      help=f"where results go (default <experiment_dir>/{RESULTS_DIR})")  # fmt: skip
     own.add_argument("--clip", action="store_true", help="clip counts above the model's range")
@@ -117,8 +116,6 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--condition_key", metavar="COLUMN",
                        help="conditional models: obs column of each cell's own condition "
                        "(default: the model's training key where the data has it)")  # fmt: skip
-    own.add_argument("--overwrite", action="store_true",
-                     help="replace a result (default: refuse, before sampling)")  # fmt: skip
     add_progress_argument(own)
     return p
 

@@ -50,20 +50,33 @@ from sedd.request.plan import GenerationRequest
 from sedd.shards.ranges import ShardError
 
 
-def _parser(script: Script, description: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=description, allow_abbrev=False)
-    add_st3_flags(p, script)
+def own_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    precision: str = "bf16",
+    precision_help: str = "default bf16, st3's",
+    genes_help: str = "gene names file (one a line, or an h5ad's var_names)",
+) -> argparse._ArgumentGroup:
+    """The options every st3-compatible script adds to st3's (``--genes``, ``--precision``,
+    ``--device``, ``--overwrite``), in their own group; a script adds its others to it."""
     own = p.add_argument_group("sedd options (not st3's)")
-    own.add_argument("--genes", help="gene names file (one a line, or an h5ad's var_names)")
-    own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default="bf16",
-                     help="default bf16, st3's")  # fmt: skip
+    own.add_argument("--genes", help=genes_help)
+    own.add_argument("--precision", choices=["bf16", "fp16", "fp32", "auto"], default=precision,
+                     help=precision_help)  # fmt: skip
     own.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    own.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
     own.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an existing result (default: refuse before sampling; nothing is lost)",
     )
+    return own
+
+
+def _parser(script: Script, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, allow_abbrev=False)
+    add_st3_flags(p, script)
+    own = own_arguments(p)
+    own.add_argument("--output_dir", type=Path, help="where outputs go (default: st3's place)")
     if script != "generation":
         own.add_argument("--cell_type", help="condition every cell on this cell type")
         own.add_argument("--no_control", action="store_true", help="generate no control cells")

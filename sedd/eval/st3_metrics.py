@@ -237,25 +237,10 @@ def compute_st3_metrics(
 
 
 def write_st3_metric_files(
-    real: anndata.AnnData,
-    generated: anndata.AnnData,
-    out_dir: str | Path,
-    *,
-    real_key: str = "gene",
-    generated_key: str = "perturbation",
-    w2_projections: int = W2_PROJECTIONS,
-    mmd_cells: int | None = MMD_CELLS,
-    seed: int = SEED,
+    real: anndata.AnnData, generated: anndata.AnnData, out_dir: str | Path, **options: Any
 ) -> St3Metrics:
-    """``compute_st3_metrics`` then write st3's three files into ``out_dir``."""
-    metrics = compute_st3_metrics(
-        real,
-        generated,
-        real_key=real_key,
-        generated_key=generated_key,
-        w2_projections=w2_projections,
-        mmd_cells=mmd_cells,
-        seed=seed,
-    )
+    """``compute_st3_metrics(real, generated, **options)``, then st3's three files written into
+    ``out_dir``."""
+    metrics = compute_st3_metrics(real, generated, **options)
     metrics.write(out_dir)
     return metrics
