@@ -71,5 +71,13 @@ def bundled_model() -> sedd.Model:
 
 
 @pytest.fixture
+def fp32_no_grad() -> Iterator[None]:
+    """fp32 without autocast or gradients, as upstream outputs were computed: parity tests
+    take it for every test (``pytest.mark.usefixtures("fp32_no_grad")``)."""
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        yield
+
+
+@pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

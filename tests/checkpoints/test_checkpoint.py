@@ -9,7 +9,6 @@ import os
 import pickle
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,13 +38,10 @@ from sedd.cli import main
 from sedd.commands import args as command_args
 from sedd.commands import loading
 
-pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
-
-
-@pytest.fixture(autouse=True)
-def _fp32_no_grad() -> Iterator[None]:
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        yield
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL"),
+    pytest.mark.usefixtures("fp32_no_grad"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -4,22 +4,24 @@ perturbation vectors, for every layout, and the errors bad ones give."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import REF, ST3, TouchOnUnpickle, gene_file, load_io
+from checkpoint_files import (
+    REF,
+    ST3,
+    TouchOnUnpickle,
+    gene_file,
+    load_io,
+)
 
 from sedd.checkpoints import CheckpointError, UnknownLabelError, load_checkpoint, save_native
 
-pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
-
-
-@pytest.fixture(autouse=True)
-def _fp32_no_grad() -> Iterator[None]:
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        yield
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL"),
+    pytest.mark.usefixtures("fp32_no_grad"),
+]
 
 
 @pytest.fixture(scope="module")

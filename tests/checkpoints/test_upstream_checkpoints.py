@@ -7,20 +7,21 @@ Fixtures: tests/data/upstream (scripts/make_upstream_fixtures.py; README.md ther
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from checkpoint_files import copy_tree
+from checkpoint_files import UPSTREAM, copy_tree, load_io
 
 import sedd
 from sedd.checkpoints import CheckpointError, LoadedModel, load_checkpoint, save_native
 
-pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL"),
+    pytest.mark.usefixtures("fp32_no_grad"),
+]
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
 ATOL = 1e-4
 
 FILM, CELL_TYPE = "SEDDPerturbationTransformerSeparateFiLM", "SEDDCellTypePerturbationTransformer"
@@ -36,15 +37,9 @@ PERTURBATIONS = ["non-targeting", "STAT1", "IRF1", "JAK1", "MYC"]
 CELL_TYPES = ["B", "Mono", "T"]
 
 
-@pytest.fixture(autouse=True)
-def _fp32_no_grad() -> Iterator[None]:
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        yield
-
-
 @pytest.fixture(scope="module")
 def io() -> dict[str, torch.Tensor]:
-    return torch.load(UPSTREAM / "io_fixture.pt", weights_only=True)
+    return load_io(UPSTREAM)
 
 
 def _scores(loaded: LoadedModel, name: str, io: dict[str, torch.Tensor]) -> torch.Tensor:

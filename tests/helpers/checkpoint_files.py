@@ -16,13 +16,15 @@ import torch
 DATA = Path(__file__).resolve().parents[1] / "data"
 ST3 = DATA / "st3" / "experiments"
 REF = DATA / "sedd_reference"
+UPSTREAM = DATA / "upstream"  # aivc-dcm and st3's cell-type family (scripts/make_upstream_fixtures)
 ST3_ATOL = 1e-6  # st3 logits are ~1e-3 in size (N(0, 0.02) init); see test_model_parity.py
 REF_ATOL = 1e-5
 
 
-def load_io() -> dict[str, torch.Tensor]:
-    """Inputs of the st3 fixtures and the outputs upstream st3 computed from them."""
-    return torch.load(DATA / "st3" / "io_fixture.pt", weights_only=True)
+def load_io(root: Path = DATA / "st3") -> dict[str, torch.Tensor]:
+    """Inputs of the fixtures under ``root`` (default st3's; ``UPSTREAM``) and the outputs the
+    upstream code computed from them."""
+    return torch.load(root / "io_fixture.pt", weights_only=True)
 
 
 def copy_tree(src: Path, dst: Path) -> Path:

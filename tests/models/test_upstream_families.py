@@ -8,15 +8,14 @@ than 0.1 with each conditioning input: a 1e-4 match cannot come from a model tha
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_files import UPSTREAM, load_io
 
 from sedd.models.st3 import SEDDPerturbationTransformer, SeparateFiLMNorm
 
-UPSTREAM = Path(__file__).resolve().parents[1] / "data" / "upstream"
+pytestmark = pytest.mark.usefixtures("fp32_no_grad")
 ATOL = 1e-4
 # st3's cell-type family names three weights its own way (sedd.checkpoints.st3 renames them)
 CELL_TYPE_NAMES = {
@@ -26,15 +25,9 @@ CELL_TYPE_NAMES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fp32_no_grad() -> Iterator[None]:
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        yield
-
-
 @pytest.fixture(scope="module")
 def io() -> dict[str, torch.Tensor]:
-    return torch.load(UPSTREAM / "io_fixture.pt", weights_only=True)
+    return load_io(UPSTREAM)
 
 
 def _state(name: str) -> dict[str, torch.Tensor]:
