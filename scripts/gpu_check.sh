@@ -3,7 +3,7 @@
 # about 10 minutes: every step has a time budget (seconds, below) and is stopped when it runs
 # past it (reported as "timeout"; the rest still run). The steps, in order:
 #   cuda_lane (200 s)       the CUDA test lane: SEDD_TEST_DEVICE=cuda pytest -rfE over the engine,
-#                           diffusion, API, server, request, batch and model tests (bf16 autocast,
+#                           diffusion, API, server, request, shards and model tests (bf16 autocast,
 #                           the OOM split, CUDA graphs bit for bit, no sync inside a step);
 #                           LANE_TESTS="tests/engine ..." runs other paths instead
 #   compare_cells (60 s)    scripts/gpu_compare_cells.py: one request, same seed, fp32, on the
@@ -174,7 +174,7 @@ for name in "${STEPS[@]}"; do selected "$name" && total=$((total + $(budget_of "
 echo "gpu_check ($MODE): results in $OUT; the selected steps take at most ${total} s"
 
 if [[ $EMULATED == 0 ]]; then
-  read -r -a lane_tests <<<"${LANE_TESTS:-tests/engine tests/diffusion tests/test_api.py tests/server tests/request tests/batch tests/models}"
+  read -r -a lane_tests <<<"${LANE_TESTS:-tests/engine tests/diffusion tests/test_api.py tests/server tests/request tests/shards tests/models}"
   step cuda_lane env SEDD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE "${lane_tests[@]}"
   step compare_cells "$PY" scripts/gpu_compare_cells.py --out "$OUT/compare_cells.json"
   step bench_bundled_shape "$PY" -m sedd.cli bench --device cuda --shapes 128/4/4 \

@@ -241,3 +241,16 @@ def test_gpu_check_installs_what_it_needs_first(tmp_path: Path):
         "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"
     ]  # fmt: skip
     assert done.returncode == 2 and "left no step to run" in done.stderr
+
+
+def test_every_test_path_the_gpu_check_names_exists() -> None:
+    """A renamed test folder must not leave the lane step collecting nothing (pytest exits 4
+    before any test: tests/batch became tests/shards)."""
+    import re
+
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    lists = re.findall(r'LANE_TESTS:-([^}"]+)\}', script)
+    assert len(lists) == 2, lists  # the GPU lane and the emulated lane
+    named = [path for listed in lists for path in listed.split()]
+    missing = [path for path in named if not (ROOT / path).exists()]
+    assert not missing, f"scripts/gpu_check.sh names test paths that do not exist: {missing}"
