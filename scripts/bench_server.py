@@ -275,7 +275,7 @@ def _plain_worker(args: argparse.Namespace, seeds: list[int], start, out) -> Non
     torch.set_num_threads(1)
     model = sedd.load(args.model, device=args.device if args.device != "auto" else None,
                       precision=args.precision)  # fmt: skip
-    condition = args.condition or model.control
+    condition = args.condition or model.default_condition
     model.generate(args.cells, condition=condition, steps=2, progress=False)  # warm-up
     start.wait()
     began = time.perf_counter()
@@ -320,7 +320,7 @@ def bench_replicas(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as each replica runs
     model = sedd.load(args.model, device=args.device if args.device != "auto" else None,
                       precision=args.precision)  # fmt: skip
-    condition = args.condition or model.control
+    condition = args.condition or model.default_condition
     mismatches = checked = 0
     for seed in sorted({seed for got in answers.values() for seed in got}):
         want = model.generate(args.cells, condition=condition, steps=args.steps, seed=seed,

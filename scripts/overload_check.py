@@ -108,7 +108,7 @@ def _cells_differ(ok: list[tuple[dict, httpx.Response]]) -> list[dict]:
     model = sedd.load(device="cpu", precision="fp32")
     wrong = []
     for body, reply in ok:
-        alone = model.generate(body["num_cells"], condition=model.control, steps=body["steps"],
+        alone = model.generate(body["num_cells"], condition=model.default_condition, steps=body["steps"],
                                seed=body["seed"], progress=False)  # fmt: skip
         if not np.array_equal(np.array(reply.json()["counts"]), alone.X.toarray()):
             wrong.append(body)
