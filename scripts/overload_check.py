@@ -1,4 +1,4 @@
-"""The service under abuse, over real HTTP: four checks against ``sedd serve`` (real uvicorn,
+"""The service under abuse, over real HTTP: five checks against ``sedd serve`` (real uvicorn,
 the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
 
 1. ``mixed``: 10 clients send requests of 1-6 cells x 3-8 steps with deadlines of 10-40 s, back
@@ -19,7 +19,13 @@ the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
    19 MB itself: medians of 0.13-0.72 s were measured, before and after the structure round
    (a 0.5 s limit failed a CI run at 0.72 s, and passed the previous release at 0.50 s).
 
-    .venv/bin/python scripts/overload_check.py                 # all four, 120 s of mixed load
+5. ``retry-after``: the one check of the measured forward time (the test suite prices forwards
+   at a fixed cost, ``SEDD_FORWARD_COST_S``, so it does not follow the machine's load). With 4
+   rows a tick, 8 in flight and one queue place, an 8-cell request joins, a second queues and a
+   third is refused: its Retry-After must be within 0.6x and 2.5x (+ 2 s) of the wait the
+   queued one really had (it read a fraction of it when priced at the cheaper ticks before).
+
+    .venv/bin/python scripts/overload_check.py                 # all five, 120 s of mixed load
     .venv/bin/python scripts/overload_check.py --only drip
 
 Exits 1 if any check fails. Timings depend on the machine; the pass conditions do not.
@@ -108,8 +114,8 @@ def _cells_differ(ok: list[tuple[dict, httpx.Response]]) -> list[dict]:
     model = sedd.load(device="cpu", precision="fp32")
     wrong = []
     for body, reply in ok:
-        alone = model.generate(body["num_cells"], condition=model.default_condition, steps=body["steps"],
-                               seed=body["seed"], progress=False)  # fmt: skip
+        alone = model.generate(body["num_cells"], condition=model.default_condition,
+                               steps=body["steps"], seed=body["seed"], progress=False)  # fmt: skip
         if not np.array_equal(np.array(reply.json()["counts"]), alone.X.toarray()):
             wrong.append(body)
     return wrong
@@ -229,13 +235,39 @@ async def large_bodies(url: str) -> tuple[bool, str]:
     )
 
 
+async def retry_after(url: str) -> tuple[bool, str]:
+    """Check 5: a full queue's Retry-After, priced at the measured forward time, against the
+    wait it announces, right after a big request joined."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        cheap = await c.post("/generate", json={"num_cells": 1, "steps": 60, "seed": 0})
+        body = {"num_cells": 8, "steps": 30}
+        first = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 1}))
+        await asyncio.sleep(0.2)  # it has just joined: 8 rows, 4 stepped a tick
+        second = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 2}))
+        await asyncio.sleep(0.1)  # the queue's one place
+        refused = await c.post("/generate", json={**body, "seed": 3})
+        began = time.monotonic()
+        while (await c.get("/readyz")).json()["queued_jobs"]:
+            await asyncio.sleep(0.1)
+        waited = time.monotonic() - began
+        answers = [cheap.status_code, *(r.status_code for r in await asyncio.gather(first, second))]
+    said = int(refused.headers.get("retry-after", -1))
+    passed = (refused.status_code == 429 and answers == [200, 200, 200]
+              and 0.6 * waited <= said <= 2.5 * waited + 2)  # fmt: skip
+    return passed, (
+        f"third request {refused.status_code}, Retry-After {said} s; the queued one waited "
+        f"{waited:.1f} s (pass: 0.6x to 2.5x + 2 s); others {answers}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=120.0, help="mixed load duration")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--connections", type=int, default=512, help="drip connections")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=["mixed", "drip", "behind-maximal", "large-bodies"])
+    parser.add_argument("--only", choices=["mixed", "drip", "behind-maximal", "large-bodies",
+                                           "retry-after"])  # fmt: skip
     args = parser.parse_args()
     results: list[tuple[str, bool, str]] = []
     if args.only in (None, "mixed"):
@@ -251,6 +283,11 @@ def main() -> int:
     if args.only in (None, "large-bodies"):
         with ServeProcess(BASE) as server:
             results.append(("large-bodies", *asyncio.run(large_bodies(server.url))))
+    if args.only in (None, "retry-after"):
+        queue = ["--max-rows-per-forward", "4", "--max-rows-in-flight", "8",
+                 "--max-queued-jobs", "1"]  # fmt: skip
+        with ServeProcess([*BASE, *queue]) as server:
+            results.append(("retry-after", *asyncio.run(retry_after(server.url))))
     for name, passed, figures in results:
         print(f"{'PASS' if passed else 'FAIL'}  {name:15s} {figures}")
     return 0 if all(passed for _, passed, _ in results) else 1

@@ -73,6 +73,7 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         max_rows_in_flight=settings.rows_in_flight,
         fair=True,
         observer=service_metrics,
+        forward_cost_s=settings.forward_cost_s,
     )
     monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
     service_metrics.attach(engine, monitor)

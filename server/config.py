@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         description="most cells x steps one request may ask for (422 too_costly above it); "
         "unset: what its deadline allows at the measured forward time",
     )
+    forward_cost_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="price admission and Retry-After at this many seconds a forward instead of "
+        "the measured time (a node whose speed varies with other work); unset: measured",
+    )
     tokens_per_forward: int | None = Field(
         default=None, ge=1, description="rows x genes per model forward (the fixed row block)"
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -191,11 +192,16 @@ class PlannedJob:
         return () if imputed is None else imputed.dropped_genes
 
 
-def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) -> PlannedJob:
-    """The body's request (``to_request``), planned once, as one engine job with a deadline
-    (every draw of every cell when it asks for several, ``Plan.all_draws_job``: the cost
-    admission then counts them all). A body whose ``model`` names another model than the
-    served one raises ``ModelNotServed``."""
+def plan_body(
+    loaded: LoadedModel,
+    settings: Settings,
+    body: SamplingOptions,
+    clock: Callable[[], float] = time.monotonic,
+) -> PlannedJob:
+    """The body's request (``to_request``), planned once, as one engine job with a deadline on
+    ``clock`` (the engine's, ``Engine.clock``) covering every draw of every cell when it asks for
+    several (``Plan.all_draws_job``: the cost admission then counts them all). A body whose
+    ``model`` names another model than the served one raises ``ModelNotServed``."""
     if body.model is not None and body.model != loaded.path.name:
         raise ModelNotServed(body.model, loaded.path.name)
     try:
@@ -206,7 +212,7 @@ def plan_body(loaded: LoadedModel, settings: Settings, body: SamplingOptions) ->
         field = err.field
         raise FieldError(["body", field], str(err), input=getattr(body, field, None)) from None
     timeout = _timeout(body, settings)
-    job = planned.all_draws_job(deadline=time.monotonic() + timeout)
+    job = planned.all_draws_job(deadline=clock() + timeout)
     return PlannedJob(planned, job, body, timeout)
 
 
@@ -273,7 +279,7 @@ def check_cost(service: Service, planned: PlannedJob) -> None:
         return
     forward_ms = 1000 * workload.forward_seconds
     workload = dataclasses.replace(workload, forward_seconds=workload.forward_seconds * COST_MARGIN)
-    new = Work.of_queued(job, now=time.monotonic())
+    new = Work.of_queued(job, now=service.engine.clock())
     alone = workload.alone_seconds(new)
     if alone > new.deadline:
         raise FieldError(

@@ -115,7 +115,7 @@ async def _wait(
     future.add_done_callback(_consume)
     gone = asyncio.ensure_future(_client_gone(request))
     deadline = planned.job.deadline
-    timeout = None if deadline is None else deadline + DEADLINE_GRACE_S - time.monotonic()
+    timeout = None if deadline is None else deadline + DEADLINE_GRACE_S - service.engine.clock()
     try:
         done, _ = await asyncio.wait(
             {future, gone}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED

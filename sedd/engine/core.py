@@ -87,7 +87,13 @@ class Engine:
         max_rows_in_flight: int | None = None,
         fair: bool = False,
         observer: EngineObserver | None = None,
+        forward_cost_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``forward_cost_s``: price admission and Retry-After at this many seconds a forward
+        (a block) instead of the measured time, so they do not follow the machine's load (a
+        shared node; tests). ``clock``: the monotonic clock of deadlines, queue waits and tick
+        times (``time.monotonic``; a test may pass one it moves itself)."""
         in_flight = max_rows_per_forward if max_rows_in_flight is None else max_rows_in_flight
         for name, value in (("max_rows_per_forward", max_rows_per_forward),
                             ("max_queued_jobs", max_queued_jobs),
@@ -97,9 +103,12 @@ class Engine:
         self.sampler, self.limits, self.observer = sampler, limits, observer
         self.max_rows_per_forward, self.max_queued_jobs = max_rows_per_forward, max_queued_jobs
         self.max_rows_in_flight, self.fair = in_flight, fair
-        self._queue = JobQueue(max_queued_jobs)  # waiting and in-flight jobs, and their lock
+        if forward_cost_s is not None and not forward_cost_s > 0:
+            raise ValueError(f"`forward_cost_s` must be > 0 (or None), got {forward_cost_s}.")
+        self.clock, self.forward_cost_s = clock, forward_cost_s
+        self._queue = JobQueue(max_queued_jobs, clock)  # waiting and in-flight jobs, their lock
         self._thread: threading.Thread | None = None
-        self.forward_seconds: float | None = None  # one forward (a block), ``_time``
+        self.forward_seconds: float | None = forward_cost_s  # one forward (a block), ``_time``
         self._forwards: deque[float] = deque(maxlen=9)
         self.last_tick_monotonic: float | None = None  # when the last tick ended
         self.tick_started_monotonic: float | None = None  # when the last (or current) began
@@ -122,7 +131,8 @@ class Engine:
         """Drop ended jobs, admit waiting rows, step every in-flight row once; rows stepped."""
         if self._thread is not None and threading.current_thread() is not self._thread:
             raise RuntimeError("the engine thread is running: only it may call tick().")
-        start = self.tick_started_monotonic = time.monotonic()
+        start = self.tick_started_monotonic = self.clock()
+        began = time.perf_counter()  # the forward's real time, whatever ``clock`` says
         queue = self._queue
         ended = queue.take_ended(start)
         joined = queue.admit(self.max_rows_per_forward, self.max_rows_in_flight, start,
@@ -139,10 +149,10 @@ class Engine:
         if blocks:
             calls = self._stepper.model_calls
             self._stepper.step(blocks)
-            self._time(time.monotonic() - start, self._stepper.model_calls - calls)
+            self._time(time.perf_counter() - began, self._stepper.model_calls - calls)
         # Timed before any job is handed back: whoever a result wakes (the server's warm-up)
         # finds this tick counted, and no time of it is written afterwards.
-        self.last_tick_monotonic = time.monotonic()
+        self.last_tick_monotonic = self.clock()
         if blocks:
             self._retire(blocks)
         return sum(blk.rows for blk in blocks)
@@ -151,14 +161,15 @@ class Engine:
         """One forward's time (a busy tick over its forwards), the median of the last ticks:
         what admission and Retry-After price a tick at (``workload``). A few ticks slowed by
         other work in the process (a large body parsed) do not move it."""
-        if calls:
+        if calls and self.forward_cost_s is None:
             self._forwards.append(seconds / calls)
             self.forward_seconds = statistics.median(self._forwards)
 
     def restart_timing(self) -> None:
         """Forget the measured forward time; the next busy ticks set it afresh. For a warm-up:
-        its first ticks are cold and would overstate it for many ticks."""
-        self.forward_seconds = None
+        its first ticks are cold and would overstate it for many ticks. A fixed
+        ``forward_cost_s`` stays."""
+        self.forward_seconds = self.forward_cost_s
         self._forwards.clear()
 
     def _retire(self, blocks: list[RowBlock]) -> None:
@@ -195,7 +206,7 @@ class Engine:
             )
             self._finish(st, None, bad)
             return
-        now = time.monotonic()
+        now = self.clock()
         started = st.started if st.started is not None else now
         drawn = st.to_draw - int(st.active.sum()) if st.absorbing else 0
         result = JobResult(tokens, started - st.submitted, now - started, st.forwards,
@@ -278,7 +289,7 @@ class Engine:
             queue.abort = queue.abort or not drain
             queue.wake.notify_all()
             thread = self._thread
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout  # real seconds
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             with queue.lock:
@@ -300,7 +311,7 @@ class Engine:
     def _snapshot(self, forward_seconds: float) -> tuple[Workload, list[list[RowBlock]]]:
         """The workload now, priced at ``forward_seconds`` a forward, and the blocks in flight
         by job, taken together."""
-        running, waiting, groups = self._queue.snapshot(time.monotonic())
+        running, waiting, groups = self._queue.snapshot(self.clock())
         block = self.sampler.block_rows or self.max_rows_per_forward
         workload = Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
                             self.fair, forward_seconds, block)  # fmt: skip

@@ -31,8 +31,8 @@ from sedd.engine.scheduler import admit, groups_of, select
 class JobQueue:
     """Accepted jobs: ``waiting`` (FIFO, rows not yet admitted) and ``active`` (row blocks)."""
 
-    def __init__(self, max_queued_jobs: int) -> None:
-        self.max_queued_jobs = max_queued_jobs
+    def __init__(self, max_queued_jobs: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_queued_jobs, self.clock = max_queued_jobs, clock
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.waiting: deque[JobState] = deque()  # the head may be partly admitted
@@ -55,7 +55,7 @@ class JobQueue:
             if queued < self.max_queued_jobs:
                 handle = JobHandle(self._next_id, self.notify)
                 self._next_id += 1
-                self.waiting.append(JobState(job, handle, on_progress, time.monotonic()))
+                self.waiting.append(JobState(job, handle, on_progress, self.clock()))
                 self.wake.notify_all()
                 return handle
         message = f"the queue is full ({queued} jobs waiting); try again later."

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter
 
 from server.deps import ServiceDep
@@ -31,12 +29,12 @@ async def readyz(service: ServiceDep) -> Readiness:
     if service.draining or not engine.running:
         raise NotReady("not ready: the engine is not running (starting or shutting down)")
     last = engine.last_tick_monotonic
-    since = None if last is None else time.monotonic() - last
+    since = None if last is None else engine.clock() - last
     busy = engine.active_jobs > 0 or engine.queued_jobs > 0
     # stalled: work waits and no tick has begun or ended for STALL_S (time spent idle, with no
     # work, is not a stall: the first tick after it starts as soon as work arrives)
     moments = [t for t in (last, engine.tick_started_monotonic) if t is not None]
-    quiet = None if not moments else time.monotonic() - max(moments)
+    quiet = None if not moments else engine.clock() - max(moments)
     if busy and quiet is not None and quiet > STALL_S:
         raise NotReady(f"not ready: the engine has work but has not stepped for {quiet:.0f} s")
     return Readiness(

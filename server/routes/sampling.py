@@ -83,7 +83,7 @@ async def _stream(
     summary="Generate whole cells",
 )
 async def generate(body: GenerateRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _answer(service, planned, request, "/generate", encoding.generate_body)
 
 
@@ -96,7 +96,7 @@ async def generate(body: GenerateRequest, service: ServiceDep, request: Request)
 async def generate_stream(
     body: GenerateRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _stream(service, planned, request, "/generate/stream", encoding.generate_body)
 
 
@@ -107,7 +107,7 @@ async def generate_stream(
     summary="Predict perturbation responses",
 )
 async def predict(body: PredictRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _answer(service, planned, request, "/predict", encoding.predict_body)
 
 
@@ -120,7 +120,7 @@ async def predict(body: PredictRequest, service: ServiceDep, request: Request) -
 async def predict_stream(
     body: PredictRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _stream(service, planned, request, "/predict/stream", encoding.predict_body)
 
 
@@ -131,7 +131,7 @@ async def predict_stream(
     summary="Sample the genes a cell's given counts leave out",
 )
 async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _answer(service, planned, request, "/impute", encoding.impute_body)
 
 
@@ -144,5 +144,5 @@ async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> 
 async def impute_stream(
     body: ImputeRequest, service: ServiceDep, request: Request
 ) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body)
+    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
     return await _stream(service, planned, request, "/impute/stream", encoding.impute_body)

@@ -36,7 +36,8 @@ class Forwards:
 
 def _engine(loaded: LoadedModel, **kw: object) -> tuple[Engine, Forwards]:
     seen = Forwards()
-    engine = Engine.for_model(loaded, FP32, observer=seen, fair=True, **kw)
+    # priced at 1 s a forward (the estimate's unit), whatever this machine's forwards take
+    engine = Engine.for_model(loaded, FP32, observer=seen, fair=True, forward_cost_s=1.0, **kw)
     engine.sampler.block_rows = 2  # several forwards a tick, so the tick's cost is priced too
     return engine, seen
 
@@ -59,7 +60,6 @@ def test_finish_estimate_matches_the_engine_and_never_errs_short(
     for i, (cells, steps) in enumerate(running):
         engine.submit(engine_job(cells, steps=steps, seed=i))
     engine.tick()
-    engine.forward_seconds = 1.0  # price in forwards
     workload = engine.workload()
     new_job = engine_job(new[0], steps=new[1], seed=9)
     predicted = workload.finish_seconds(Work.of_queued(new_job))
@@ -75,7 +75,6 @@ def test_estimates_err_long_when_rows_run_out_of_masks():
     engine, seen = _engine(LOADED, max_rows_per_forward=4, max_rows_in_flight=8)
     engine.submit(job(4, steps=12, seed=1))
     engine.tick()
-    engine.forward_seconds = 1.0
     new_job = job(2, steps=6, seed=2)
     predicted = engine.workload().finish_seconds(Work.of_queued(new_job))
     start = seen.calls
@@ -131,7 +130,6 @@ def test_retry_after_prices_a_job_that_just_joined_at_once():
                            max_queued_jobs=1)  # fmt: skip
     engine.submit(job(8, steps=10, seed=1))
     engine.tick()  # 8 rows in flight: 4 forwards of 2 rows a tick
-    engine.forward_seconds = 1.0
     engine.submit(job(2, steps=2, seed=2))  # the queue's one place (more than the reserve)
     with pytest.raises(EngineFull) as full:
         engine.submit(job(1, steps=2, seed=3))
@@ -167,3 +165,24 @@ def test_a_few_slow_ticks_do_not_move_the_forward_time_admission_prices_with():
         assert engine.forward_seconds >= 0.3  # most of the last ticks were slow: it moved
     finally:
         hook.remove()
+
+
+def test_a_fixed_forward_cost_prices_admission_whatever_the_forwards_take():
+    """``forward_cost_s`` fixes the forward time admission and Retry-After price with: ticks
+    slowed by other work, and the warm-up's restart, leave it where it was set."""
+    engine = Engine.for_model(LOADED, FP32, max_rows_per_forward=4, forward_cost_s=0.25)
+    assert engine.forward_seconds == 0.25 and engine.workload().forward_seconds == 0.25
+    hook = LOADED.model.register_forward_pre_hook(lambda *_: time.sleep(0.02))
+    try:
+        engine.submit(job(4, steps=6, seed=1))
+        for _ in range(4):
+            engine.tick()
+    finally:
+        hook.remove()
+    engine.restart_timing()
+    assert engine.forward_seconds == 0.25
+    new = Work.of_queued(job(1, steps=3, seed=2))
+    # one row: one forward (one block) for each of its row-steps, each priced at 0.25 s
+    assert new.left == 4 and engine.workload().alone_seconds(new) == 0.25 * 4
+    with pytest.raises(ValueError, match="forward_cost_s"):
+        Engine.for_model(LOADED, FP32, forward_cost_s=0.0)

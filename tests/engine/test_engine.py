@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from clocks import ManualClock
 from devices import DEVICE
 from engine_models import (
     BINS,
@@ -199,12 +199,15 @@ def test_a_job_is_counted_before_its_caller_sees_the_result():
 
 
 def test_deadline_fails_the_job_with_job_timeout():
-    rec = Recorder()
-    engine = Engine.for_model(LOADED, FP32, observer=rec)
-    late = engine.submit(job(2, steps=50, deadline=time.monotonic() + 0.05))
+    rec, clock = Recorder(), ManualClock()
+    engine = Engine.for_model(LOADED, FP32, observer=rec, clock=clock)
+    late = engine.submit(job(2, steps=50, deadline=clock() + 5.0))
     ok = engine.submit(job(1, steps=3))
     engine.tick()
-    time.sleep(0.06)
+    clock.advance(4.9)
+    engine.tick()
+    assert not late.future.done()  # one tick before its deadline: still running
+    clock.advance(0.2)
     run_until_idle(engine)
     with pytest.raises(JobTimeout):
         late.future.result(timeout=0)
@@ -215,12 +218,12 @@ def test_deadline_fails_the_job_with_job_timeout():
 def test_a_job_cancelled_past_its_deadline_counts_as_a_timeout():
     """The server cancels a job whose deadline passed while the engine was busy: that is a
     timeout (504), not a client that went away."""
-    rec = Recorder()
-    engine = Engine.for_model(LOADED, FP32, observer=rec)
-    late = engine.submit(job(2, steps=50, deadline=time.monotonic() + 0.05))
+    rec, clock = Recorder(), ManualClock()
+    engine = Engine.for_model(LOADED, FP32, observer=rec, clock=clock)
+    late = engine.submit(job(2, steps=50, deadline=clock() + 5.0))
     gone = engine.submit(job(1, steps=50))
     engine.tick()
-    time.sleep(0.06)
+    clock.advance(6.0)
     late.cancel()  # what the server does at the deadline
     gone.cancel()  # a client that went away
     run_until_idle(engine)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from server_client import free_port
+from server_client import free_port, server_env
 
 HEADER_TIMEOUT_S = 2.0
 
@@ -25,7 +24,7 @@ def port() -> Iterator[int]:
     port = free_port()
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
             "--device", "cpu", "--header-timeout-s", str(HEADER_TIMEOUT_S)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = server_env()
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import select
 import socket
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_client import free_port, uvicorn_in_thread
+from server_client import free_port, server_env, uvicorn_in_thread
 
 from server.http.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
 
@@ -63,7 +62,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), "--precision", "fp32",
             "--device", "cpu", "--header-timeout-s", str(HEADER_TIMEOUT_S),
             "--body-timeout-s", str(BODY_TIMEOUT_S), "--max-connections", str(CAP)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SEDD_API_KEY": KEY}
+    env = server_env(SEDD_API_KEY=KEY)
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -3,8 +3,12 @@
 1. Computing a ``Retry-After`` while a request's rows are split between steps (8 rows in flight,
    4 stepped a tick) must leave that request intact: it used to join the split blocks in place,
    the request never completed, and only the runner's backstop answered it, with a 504.
-10. Right after a request joins, ``Retry-After`` must not be a fraction of the real wait (it
-    was 2 s against 6.06 s: a moving average of earlier, cheaper ticks).
+
+Item 10 (right after a request joins, ``Retry-After`` must not be a fraction of the real wait:
+it was 2 s against 6.06 s, a moving average of earlier, cheaper ticks) compares a price with
+this machine's real speed: it is the ``retry-after`` check of ``scripts/overload_check.py`` (a
+CI step), and its pricing is tested exactly in tests/engine/test_admission.py. The server here
+prices forwards at ``FORWARD_COST_S``, so what it admits does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -35,9 +39,8 @@ def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) ->
             start = time.monotonic()
             # 8 cells, 4 stepped a tick: its rows are two blocks, on the same step every other
             # tick, which is when an estimate used to join them in place
-            # 24 steps and 60 s: admitted even where this machine's warm-up forward is slow
-            # (at 40 steps and 30 s a 77 ms forward priced it too costly, a 422, and the wait
-            # below spun for ever); the bug answered a 504 only after the whole deadline
+            # 8 x 25 forwards at FORWARD_COST_S x COST_MARGIN: 35 s, admitted within 60 s;
+            # the bug answered a 504 only after the whole deadline
             split = asyncio.ensure_future(c.post("/generate", json={
                 "num_cells": 8, "steps": 24, "seed": 1, "timeout_s": 60}))  # fmt: skip
             while (await c.get("/readyz")).json()["active_rows"] < 8:
@@ -46,9 +49,9 @@ def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) ->
                     pytest.fail(f"answered early: {answer.status_code} {answer.text[:300]}")
                 await asyncio.sleep(0.05)
             others = []
-            while not split.done():  # one waits in the queue; the rest get 429s, each
-                others.append(asyncio.ensure_future(c.post("/generate", json={  # estimated
-                    "num_cells": 2, "steps": 3, "seed": 3, "timeout_s": 30})))  # fmt: skip
+            while not split.done():  # one waits in the queue; the rest get 429s, each with
+                others.append(asyncio.ensure_future(c.post("/generate", json={  # an estimate
+                    "num_cells": 2, "steps": 3, "seed": 3, "timeout_s": 60})))  # fmt: skip
                 await asyncio.sleep(0.02)
             return await split, list(await asyncio.gather(*others)), time.monotonic() - start
 
@@ -58,29 +61,3 @@ def test_retry_after_answers_leave_a_request_with_split_rows_intact(url: str) ->
     assert set(statuses) <= {200, 429}, statuses
     assert split.status_code == 200, (split.status_code, split.text[:300])  # was a 504
     assert len(split.json()["cells"]) == 8 and took < 60
-
-
-def test_retry_after_right_after_a_request_joins_is_not_a_fraction_of_the_wait(url: str) -> None:
-    async def load() -> tuple[httpx.Response, float]:
-        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
-            cheap = await c.post("/generate", json={"num_cells": 1, "steps": 60, "seed": 0})
-            assert cheap.status_code == 200  # the last ticks were 1-row ones, cheap
-            body = {"num_cells": 8, "steps": 30}
-            first = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 1}))
-            await asyncio.sleep(0.2)  # it has just joined: 8 rows, 4 stepped a tick
-            second = asyncio.ensure_future(c.post("/generate", json={**body, "seed": 2}))
-            await asyncio.sleep(0.1)  # the queue's one place
-            refused = await c.post("/generate", json={**body, "seed": 3})
-            began = time.monotonic()
-            while (await c.get("/readyz")).json()["queued_jobs"]:
-                await asyncio.sleep(0.1)
-            waited = time.monotonic() - began
-            await asyncio.gather(first, second)
-            return refused, waited
-
-    refused, waited = asyncio.run(load())
-    assert refused.status_code == 429, refused.text[:300]
-    retry_after = int(refused.headers["retry-after"])
-    # whole seconds, rounded up; priced at the cheap ticks before, it read a fraction of the wait
-    assert retry_after >= 0.6 * waited, (retry_after, waited)
-    assert retry_after <= 2.5 * waited + 2, (retry_after, waited)

@@ -7,7 +7,6 @@ tests/commands/test_cli_errors.py."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -18,14 +17,14 @@ from typing import Any
 
 import httpx
 import pytest
-from server_client import free_port
+from server_client import free_port, server_env
 
 SEDD = [sys.executable, "-m", "sedd.cli"]
 Server = tuple[subprocess.Popen[str], int]  # (the `sedd serve` process, its port)
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "SEDD_DEBUG": "", **extra}
+    return server_env(SEDD_DEBUG="", **extra)
 
 
 def _spawn(port: int, drain_s: str) -> subprocess.Popen[str]:
