@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import itertools
 import os
-import types
 from dataclasses import dataclass, field
-from unittest import mock
 
 import torch
+from clocks import ManualClock
 from engine_models import BINS, FP32, GENES, LOADED, PERTS, job, solo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sedd.defaults import PREDICTORS
 from sedd.engine import Engine, EngineFull, EngineJob, JobCancelled, JobTimeout
-from sedd.engine import core as engine_core
 
 EXAMPLES = int(os.environ.get("SEDD_PROPERTY_EXAMPLES", "60"))
 MAX_TICKS = 400  # a run whose jobs are not all resolved by then has lost one
@@ -87,16 +85,6 @@ scenarios = st.builds(
 )
 
 
-class FakeClock:
-    """``time`` for the engine: ``monotonic()`` is the tick count, in seconds."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
 @dataclass
 class Record:
     """What a run did, compared between runs with and without estimates."""
@@ -119,7 +107,7 @@ class Counter:
         self.record.counted[n] = self.record.counted.get(n, 0) + 1
 
 
-def _engine_job(a: Arrival, clock: FakeClock) -> EngineJob:
+def _engine_job(a: Arrival, clock: ManualClock) -> EngineJob:
     kw: dict[str, object] = {"sampler": a.sampler, "temperature": a.temperature, "seed": a.seed}
     if a.deadline_in is not None:
         kw["deadline"] = clock.now + a.deadline_in + 0.5
@@ -146,41 +134,39 @@ def _assert_rows_disjoint(engine: Engine) -> None:
 
 def run(scenario: Scenario, *, estimates: bool) -> Record:
     record, numbers, handles = Record(), {}, []
-    clock = FakeClock()
-    fake_time = types.SimpleNamespace(monotonic=clock.monotonic)
-    with mock.patch.object(engine_core, "time", fake_time):
-        engine = Engine.for_model(
-            LOADED, FP32, max_rows_per_forward=scenario.rows_per_forward,
-            max_rows_in_flight=scenario.rows_in_flight, max_queued_jobs=scenario.queued,
-            fair=scenario.fair, observer=Counter(record, numbers),
-        )  # fmt: skip
-        for tick in scenario.ticks:
-            for a in tick.arrivals:
-                ej = _engine_job(a, clock)
-                try:
-                    handle = engine.submit(ej)
-                except EngineFull as full:
-                    assert full.retry_after > 0
-                    continue
-                numbers[id(ej)] = len(handles)
-                record.jobs[len(handles)] = ej
-                handles.append(handle)
-            for i in tick.cancel:
-                if handles:
-                    handles[i % len(handles)].cancel()
-            if estimates and tick.estimate:
-                assert engine.ticks_until_room() >= 1
-                _assert_rows_disjoint(engine)
-            record.rows_per_tick.append(engine.tick())
+    clock = ManualClock(start=0.0)  # one second a tick
+    engine = Engine.for_model(
+        LOADED, FP32, max_rows_per_forward=scenario.rows_per_forward,
+        max_rows_in_flight=scenario.rows_in_flight, max_queued_jobs=scenario.queued,
+        fair=scenario.fair, observer=Counter(record, numbers), clock=clock,
+    )  # fmt: skip
+    for tick in scenario.ticks:
+        for a in tick.arrivals:
+            ej = _engine_job(a, clock)
+            try:
+                handle = engine.submit(ej)
+            except EngineFull as full:
+                assert full.retry_after > 0
+                continue
+            numbers[id(ej)] = len(handles)
+            record.jobs[len(handles)] = ej
+            handles.append(handle)
+        for i in tick.cancel:
+            if handles:
+                handles[i % len(handles)].cancel()
+        if estimates and tick.estimate:
+            assert engine.ticks_until_room() >= 1
             _assert_rows_disjoint(engine)
-            clock.now += 1.0
-        while not all(h.future.done() for h in handles):
-            assert len(record.rows_per_tick) < MAX_TICKS, "a job was never resolved"
-            if estimates:
-                engine.ticks_until_room()
-            record.rows_per_tick.append(engine.tick())
-            _assert_rows_disjoint(engine)
-            clock.now += 1.0
+        record.rows_per_tick.append(engine.tick())
+        _assert_rows_disjoint(engine)
+        clock.advance(1.0)
+    while not all(h.future.done() for h in handles):
+        assert len(record.rows_per_tick) < MAX_TICKS, "a job was never resolved"
+        if estimates:
+            engine.ticks_until_room()
+        record.rows_per_tick.append(engine.tick())
+        _assert_rows_disjoint(engine)
+        clock.advance(1.0)
     assert engine.active_jobs == 0 and engine.queued_jobs == 0
     for n, handle in enumerate(handles):
         err = handle.future.exception(timeout=0)
