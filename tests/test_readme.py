@@ -195,6 +195,10 @@ def test_the_readme_test_command_is_the_one_ci_runs_first() -> None:
     command = ci[step + 1]
     assert "pytest -q" in command and "ruff check ." in command, command
     assert "ruff format --check ." in command, command  # the formatter, in CI
+    # the slow end-to-end tests the README's command skips are CI's very next step
+    assert "-m 'not slow'" in command and ci[step + 4].endswith(
+        "pytest -q -p no:cacheprovider -m slow"
+    )
     shell = [line for lang, block in FENCE.findall(README) if lang == "bash" for line in
              block.splitlines()]  # fmt: skip
     assert command in shell, command

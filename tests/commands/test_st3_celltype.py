@@ -185,6 +185,7 @@ def test_a_result_is_refused_before_loading_unless_overwrite(tmp_path: Path) -> 
     assert _st3_config(folder)["seed"] == 1
 
 
+@pytest.mark.slow
 def test_the_job_script_reads_st3s_variables(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     listed = tmp_path / "perts.txt"
@@ -200,6 +201,7 @@ def test_the_job_script_reads_st3s_variables(tmp_path: Path) -> None:
     assert _st3_config(folder)["total_samples"] == 2
 
 
+@pytest.mark.slow
 def test_the_all_cell_types_script_runs_each_listed_cell_type(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     run = job("inference_all_celltypes.sh", "--experiment_dir", str(exp), "--cell_types",

@@ -303,6 +303,7 @@ def test_the_table_lists_each_flag_once_per_script() -> None:
     assert all(f.flag.startswith("--") for f in ST3_FLAGS)
 
 
+@pytest.mark.slow
 def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert_ct_esm", tmp_path)
     test = _cells(tmp_path / "test.h5ad", ["GENE_B", "non-targeting"], 4, POSITIONAL)
@@ -342,6 +343,7 @@ def test_the_conditional_job_script_honours_every_st3_variable(tmp_path: Path) -
     assert (out.parent / "generated_cells_eval" / "metrics.json").is_file()  # EVALUATE=true
 
 
+@pytest.mark.slow
 def test_the_generation_job_script_honours_every_st3_variable(tmp_path: Path) -> None:
     exp = _experiment("tiny_mlm", tmp_path)
     genes = [f"G{i}" for i in range(64)]
@@ -377,6 +379,7 @@ def test_an_output_path_that_is_not_h5ad_is_refused_before_loading(tmp_path: Pat
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_sharded_generation_job_merges_into_the_yamls_output_path(tmp_path: Path) -> None:
     """st3 reads inference.output_path from CONFIG; with shards the job script merges there
     too (it used to merge into $OUTPUT_DIR/generated_cells.h5ad when only the YAML named it)."""

@@ -91,6 +91,7 @@ def _layers(out: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, anndata.AnnD
     return imputed, real, hidden, adata
 
 
+@pytest.mark.slow
 def test_the_published_command_line_writes_st3s_files_in_st3s_formats(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     _cells(tmp_path / "test.h5ad")
@@ -238,6 +239,7 @@ def test_every_upstream_flag_is_in_the_table_once() -> None:
     assert noted == {"--num_workers"}
 
 
+@pytest.mark.slow
 def test_the_job_script_runs_end_to_end_without_slurm(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     data = _cells(tmp_path / "test.h5ad")

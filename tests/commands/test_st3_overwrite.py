@@ -78,6 +78,7 @@ def _describes(out: Path) -> None:
     assert meta["request"]["seed"] == adata.uns["sedd"]["seed"]
 
 
+@pytest.mark.slow
 def test_no_sequence_of_scripts_job_scripts_and_sedd_commands_replaces_a_result(
     tmp_path: Path,
 ) -> None:

@@ -109,6 +109,7 @@ def test_the_index_file_fixes_each_name_whatever_list_or_variable_is_given(
     np.testing.assert_array_equal(a.X.todense(), b.X.todense())
 
 
+@pytest.mark.slow
 def test_perturbations_all_file_variable_reaches_the_script(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     # training order with GENE_A last: through the variable and through the flag GENE_A is 4
@@ -145,6 +146,7 @@ def test_perturbations_all_file_variable_reaches_the_script(tmp_path: Path) -> N
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_job_script_takes_the_readme_words_as_variables(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     run = job(

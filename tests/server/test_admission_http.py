@@ -15,6 +15,9 @@ from server_client import FORWARD_COST_S, serve_subprocess
 
 from server.intake import COST_MARGIN
 
+# a real `sedd serve` (uvicorn) in a subprocess: CI's slow step, not the README's command
+pytestmark = pytest.mark.slow
+
 DEADLINE_S = 30.0
 
 

@@ -16,6 +16,9 @@ import httpx
 import pytest
 from server_client import free_port, server_env
 
+# a real `sedd serve` (uvicorn) in a subprocess: CI's slow step, not the README's command
+pytestmark = pytest.mark.slow
+
 HEADER_TIMEOUT_S = 2.0
 
 

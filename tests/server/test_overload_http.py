@@ -23,6 +23,9 @@ from server_client import free_port, server_env, uvicorn_in_thread
 
 from server.http.protocol import BODY_GRACE_S, LINGER_S, TimedH11Protocol
 
+# a real `sedd serve` (uvicorn) in a subprocess: CI's slow step, not the README's command
+pytestmark = pytest.mark.slow
+
 KEY = "overload-key"
 CAP = 16
 HEADER_TIMEOUT_S = 2.0

@@ -21,6 +21,9 @@ import httpx
 import pytest
 from server_client import serve_subprocess
 
+# a real `sedd serve` (uvicorn) in a subprocess: CI's slow step, not the README's command
+pytestmark = pytest.mark.slow
+
 FLAGS = ["--precision", "fp32", "--device", "cpu", "--max-rows-per-forward", "4",
          "--max-rows-in-flight", "8", "--max-queued-jobs", "1",
          "--log-level", "warning"]  # fmt: skip

@@ -19,6 +19,9 @@ import httpx
 import pytest
 from server_client import free_port, server_env
 
+# a real `sedd serve` (uvicorn) in a subprocess: CI's slow step, not the README's command
+pytestmark = pytest.mark.slow
+
 SEDD = [sys.executable, "-m", "sedd.cli"]
 Server = tuple[subprocess.Popen[str], int]  # (the `sedd serve` process, its port)
 
@@ -93,7 +96,6 @@ def _sigterm_with(server: Server, steps: int) -> tuple[Any, httpx.Response, floa
     return long["response"], late, time.monotonic() - sent
 
 
-@pytest.mark.slow
 def test_sigterm_refuses_new_requests_with_json_503_and_finishes_in_flight(
     servers: dict[str, Server],
 ) -> None:
