@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
 
 
+@pytest.mark.slow
 @no_cuda
 def test_gpu_check_stops_in_one_line_without_cuda(tmp_path: Path):
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out")}
@@ -33,6 +34,7 @@ def test_gpu_check_stops_in_one_line_without_cuda(tmp_path: Path):
     assert not (tmp_path / "out").exists()  # nothing ran
 
 
+@pytest.mark.slow
 @no_cuda
 def test_the_cuda_lane_stops_in_one_line_without_cuda():
     env = {**os.environ, "SEDD_TEST_DEVICE": "cuda"}

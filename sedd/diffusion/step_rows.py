@@ -137,6 +137,13 @@ class StepBranches:
 
     @classmethod
     def of_rows(cls, rows: StepRows) -> StepBranches:
-        """Read from the rows' tensors: a host sync, for callers outside the engine."""
-        kinds = [PREDICTORS[k] for k in rows.kind.tolist()]
-        return cls.of_values(rows.s.tolist(), kinds, rows.temperature.tolist())
+        """Read from the rows' tensors: a host sync, for callers outside the engine. Reduced on
+        the device first (the kinds present among rows not at their final denoise), so the host
+        reads a few values, not one per row."""
+        final = rows.s <= 0
+        codes = torch.unique(rows.kind[~final]).tolist()
+        return cls(
+            any_final=bool(final.any()),
+            kinds=frozenset(PREDICTORS[k] for k in codes),
+            any_tempered=bool((rows.temperature != 1).any()),
+        )

@@ -107,6 +107,7 @@ def _one_line_failure(cli: _Cli, argv: list[str], code: int) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_checkpoint_with_a_nan_weight_in_one_line(
     cli: _Cli, tmp_path: Path
 ) -> None:

@@ -187,6 +187,7 @@ def test_st3_defaults_without_flags_or_config(tmp_path: Path) -> None:
     assert adata.uns["sedd"]["temperature"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

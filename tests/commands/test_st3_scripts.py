@@ -145,6 +145,7 @@ def _dense(adata: anndata.AnnData) -> np.ndarray:
     return adata.X.toarray() if sp.issparse(adata.X) else np.asarray(adata.X)
 
 
+@pytest.mark.slow
 def test_script_file_reports_user_errors_in_one_line(tmp_path: Path) -> None:
     exp = _experiment("tiny_pert", tmp_path)
     perts = tmp_path / "perts.txt"

@@ -6,7 +6,7 @@ After each run: every submitted job is resolved exactly once, with its outcome c
 row is ever in two blocks; every finished job's cells equal its solo run; and the estimates
 change nothing (the run without them has the identical history).
 
-``SEDD_PROPERTY_EXAMPLES`` sets the number of runs (default 60, about 15 s here; CI's
+``SEDD_PROPERTY_EXAMPLES`` sets the number of runs (default 30, about 4 s here; CI's
 longer step runs more). Time is a fake clock that moves one second a tick, so deadlines fall at
 chosen ticks and a run is deterministic.
 """
@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sedd.defaults import PREDICTORS
 from sedd.engine import Engine, EngineFull, EngineJob, JobCancelled, JobTimeout
 
-EXAMPLES = int(os.environ.get("SEDD_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("SEDD_PROPERTY_EXAMPLES", "30"))
 MAX_TICKS = 400  # a run whose jobs are not all resolved by then has lost one
 
 

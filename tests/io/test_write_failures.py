@@ -48,6 +48,7 @@ def _one_error(stderr: str) -> str:
     return line[line.index("sedd ") :]  # after the progress bar's last carriage return
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_mid_write_exits_3_and_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "cells.h5ad"
 
@@ -104,6 +105,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_a_real_disk_that_fills_after_the_check_exits_3_and_leaves_nothing(
     small_disk: Path,
 ) -> None:

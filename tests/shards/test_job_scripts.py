@@ -17,8 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_MLM = ROOT / "tests" / "data" / "st3" / "experiments" / "tiny_mlm"
 GENES = [f"GENE{i}" for i in range(64)]
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
+# st3's job script end to end, in subprocesses: CI's slow step, not the README's command
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash"),
+]
 
 Run = tuple[subprocess.Popen[str], Path, Path]  # (the script, its OUTPUT_DIR, its stderr file)
 
