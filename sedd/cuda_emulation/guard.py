@@ -12,6 +12,8 @@ directory).
 from __future__ import annotations
 
 import functools
+import hashlib
+from pathlib import Path
 
 import torch
 
@@ -41,13 +43,19 @@ def register_fake_cuda_guard() -> bool:
     """Register the fake CUDA guard (compiling it on first use); True if it was registered now.
 
     Raises ``RuntimeError`` with what to install when no C++ compiler or ninja is found."""
-    from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import get_default_build_root, load_inline
 
     name = "sedd_emulated_cuda_guard_" + torch.__version__.replace(".", "_").replace("+", "_")
+    # One build per torch installation: the build file names torch's include paths, so two
+    # environments sharing one directory rebuilt it (about 20 s) each time the other had run.
+    install = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:12]
+    build = Path(get_default_build_root()) / f"{name}_{install}"
+    build.mkdir(parents=True, exist_ok=True)
     try:
         module = load_inline(
-            name, cpp_sources=_SOURCE, functions=["register_emulated_cuda_guard"], verbose=False
-        )
+            name, cpp_sources=_SOURCE, functions=["register_emulated_cuda_guard"],
+            build_directory=str(build), verbose=False,
+        )  # fmt: skip
     except (RuntimeError, OSError) as err:
         raise RuntimeError(
             "the emulated CUDA lane needs a C++ compiler (g++) and ninja to build its device "

@@ -83,6 +83,7 @@ def _held_out_file(path: Path, n_test: int = 12, n_train: int = 24) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_compare_runs_st3s_pattern_and_our_default_with_quality_ratio_and_mfu(tmp_path, capsys):
     model = save_tiny_model(tmp_path / "tiny")
     data = _held_out_file(tmp_path / "held_out.h5ad")
