@@ -111,7 +111,9 @@ class Settings(BaseSettings):
         default=512, ge=1, description="open connections and requests at once (503 above it)"
     )
     api_key: SecretStr | None = Field(
-        default=None, description="bearer key every route but /healthz needs; unset: no auth"
+        default=None,
+        description="bearer key every route but /healthz needs, compared as UTF-8 bytes; unset: "
+        "no auth (set but empty: a start-up error)",
     )
     replicas: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         default=None,
@@ -141,6 +143,24 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser().absolute()
+
+    @field_validator("api_key")
+    @classmethod
+    def _a_key_or_none(cls, key: SecretStr | None) -> SecretStr | None:
+        """An empty key (``SEDD_API_KEY=``) is neither on nor off: refused. A key with spaces
+        around it could never be sent (the header's token is read without them)."""
+        if key is None:
+            return None
+        value = key.get_secret_value()
+        if not value.strip():
+            raise ValueError(
+                "SEDD_API_KEY is set but empty; unset it to serve without a key, or set a key"
+            )
+        if value != value.strip():
+            raise ValueError(
+                "SEDD_API_KEY starts or ends with whitespace, which a client cannot send; remove it"
+            )
+        return key
 
     @model_validator(mode="after")
     def _replica_range(self) -> Settings:

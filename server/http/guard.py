@@ -2,7 +2,8 @@
 
 ``GuardMiddleware`` is plain ASGI and runs before anything reads the body, so:
 
-* with ``SEDD_API_KEY`` set, every path but ``/healthz`` needs ``Authorization: Bearer <key>``
+* with ``SEDD_API_KEY`` set, every path but ``/healthz`` needs ``Authorization: Bearer <key>``,
+  the key compared as UTF-8 bytes (an empty ``SEDD_API_KEY`` is refused at start-up)
   (``/docs``, ``/redoc`` and ``/openapi.json`` included: the schema lists the model's genes and
   labels); a request without it is answered 401 before its body is read or parsed;
 * once the server drains (SIGTERM, ``server.serve``), new requests get a JSON 503 with
@@ -24,11 +25,14 @@ OPEN_PATHS = frozenset({"/healthz"})  # liveness probes carry no key
 UNCOUNTED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # never waited for
 
 
-def _bearer(scope: Scope) -> str | None:
+def _bearer(scope: Scope) -> bytes | None:
+    """The bearer token's bytes as sent (a key is compared as UTF-8 bytes, whatever the client's
+    header encoding); None without one, or with an empty one."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
+            scheme, _, token = value.partition(b" ")
+            token = token.strip()
+            return token if scheme.lower() == b"bearer" and token else None
     return None
 
 
@@ -46,7 +50,7 @@ class GuardMiddleware:
         given = _bearer(scope)
         if given is None:
             return "missing bearer API key: send `Authorization: Bearer <key>`."
-        if not secrets.compare_digest(given.encode(), key.get_secret_value().encode()):
+        if not secrets.compare_digest(given, key.get_secret_value().encode("utf-8")):
             return "invalid API key."
         return None
 

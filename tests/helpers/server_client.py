@@ -43,18 +43,21 @@ def server_env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def serve_subprocess(*flags: str) -> Iterator[str]:
-    """A real ``sedd serve`` (uvicorn) in its own process, one thread, with ``flags``; its URL
-    once ``/readyz`` answers 200. Terminated on exit."""
+def serve_subprocess(*flags: str, **env: str) -> Iterator[str]:
+    """A real ``sedd serve`` (uvicorn) in its own process, one thread, with ``flags`` and
+    ``env`` (``server_env``'s extras); its URL once ``/readyz`` answers 200 (asked with the
+    ``SEDD_API_KEY`` of ``env``, if any). Terminated on exit."""
     port = free_port()
     argv = [sys.executable, "-m", "sedd.cli", "serve", "--port", str(port), *flags]
-    proc = subprocess.Popen(argv, env=server_env())
+    proc = subprocess.Popen(argv, env=server_env(**env))
     base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+    key = env.get("SEDD_API_KEY")
+    probe = {} if key is None else {"Authorization": b"Bearer " + key.encode("utf-8")}
     try:
         while time.monotonic() < deadline:
             assert proc.poll() is None, "sedd serve exited"
             try:
-                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                if httpx.get(f"{base}/readyz", headers=probe, timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
