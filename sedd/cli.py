@@ -181,13 +181,16 @@ def _ignore_file_size_signal() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the command; one that fails removes the directories it made and left empty."""
+    """Run the command; one that fails removes the directories it made and left empty. The
+    outputs it claims are its own until it ends (``sedd.io.output_lock``)."""
     from sedd.io.files import NewDirectories
+    from sedd.io.output_lock import OutputLocks
 
     with warnings.catch_warnings(), NewDirectories() as new_directories:
         warnings.simplefilter("default", UserWarning)  # each distinct warning once a run
         warnings.showwarning = _print_warning
-        code = int(args.func(args) or 0)
+        with OutputLocks():  # released first: a directory made for an output is then empty
+            code = int(args.func(args) or 0)
         if code != 0:
             new_directories.remove_empty()
         return code

@@ -53,10 +53,14 @@ def read_gene_list(path: str | Path, num_genes: int, *, fix: str = _GENE_LIST_FI
     ``{name: index}``) or an h5ad's ``var_names``. ``fix`` ends the errors: what to do."""
     path = require_file(Path(path), "gene list")
     if path.suffix == ".h5ad":
-        import anndata  # slow to import; only h5ad gene lists need it
+        # slow to import (anndata); only h5ad gene lists need it
+        from sedd.io.hdf5_safety import ExternalDataError, NotHdf5Error
+        from sedd.io.read import read_h5ad_safely
 
         try:
-            adata = anndata.read_h5ad(path, backed="r")
+            adata = read_h5ad_safely(path, what="gene list", backed="r")
+        except (ExternalDataError, NotHdf5Error) as err:  # one line: the file, what to do
+            raise CheckpointError(str(err)) from None
         except Exception as err:  # h5py / anndata raise many types on bad files
             raise CheckpointError(f"cannot read {path} as h5ad ({err}); pass a text list.") from err
         names = [str(n) for n in adata.var_names]

@@ -44,6 +44,7 @@ from sedd.checkpoints.schema import (
     TokenConfig,
 )
 from sedd.io.files import sha256_file
+from sedd.io.yaml_files import YamlFileError, read_yaml
 
 __all__ = ["config_from_reference", "load_sedd_hf", "load_sedd_run"]
 
@@ -173,16 +174,10 @@ def _run_checkpoint(root: Path, name: str | None) -> Path:
 
 def _read_run_config(root: Path) -> tuple[Any, Path]:
     path = require_file(root / ".hydra" / "config.yaml", "reference SEDD run config")
-    try:
-        import yaml  # PyYAML; only training runs need it
-    except ImportError:
-        raise CheckpointError(
-            f"reading {path} needs PyYAML (pip install pyyaml); or pass a model directory."
-        ) from None
-    try:
-        return yaml.safe_load(path.read_text()), path  # safe_load builds no Python objects
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"{path} is not valid YAML ({err}); fix or replace it.") from None
+    try:  # bounded: a file too large or an alias bomb is refused before it expands
+        return read_yaml(path, what="reference SEDD run config"), path
+    except YamlFileError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _ema_state(

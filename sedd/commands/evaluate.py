@@ -250,12 +250,12 @@ def _out_dir(args: argparse.Namespace) -> Path:
 
 
 def _read_h5ad(path: Path, flag: str) -> anndata.AnnData:
-    import anndata
+    from sedd.io.read import read_h5ad_safely
 
     if not path.is_file():
         raise FileNotFoundError(f"{flag} file not found: {path}")
     try:
-        adata = anndata.read_h5ad(path)
+        adata = read_h5ad_safely(path, what=flag)
     except OSError as exc:
         raise ValueError(f"{flag} {path} is not a readable .h5ad file: {exc}") from exc
     if not adata.var_names.is_unique:

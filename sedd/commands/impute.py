@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from sedd.commands.loading import load_from_args
     from sedd.commands.output import check_h5ad_name, request_from_args, run_request
     from sedd.io.files import check_writable, refuse_existing
+    from sedd.io.hdf5_safety import check_self_contained
     from sedd.request.draws import check_n_samples
     from sedd.request.imputation import (
         dropped_genes_warning,
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not data.is_file():
         raise FileNotFoundError(f"--data {data} is not a file; pass an .h5ad of counts.")
     check_h5ad_name(args.out)
+    check_self_contained(data, "--data")  # before the model loads (read_counts checks again)
     refuse_existing(args.out or args.default_out, overwrite=args.overwrite)
     check_writable(args.out or args.default_out)  # before the work, not after it
     loaded = load_from_args(args)

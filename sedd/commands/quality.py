@@ -266,7 +266,7 @@ def _read_real(path: Path, key: str) -> anndata.AnnData:
             f"--real {path}: no such file; pass a labelled .h5ad of real counts "
             f"(default {BUNDLED_DATA})."
         )
-    real = read_counts(path)
+    real = read_counts(path, what="--real")
     if key not in real.obs.columns:
         raise ValueError(
             f"--condition-key {key!r} is not an obs column of --real {path} (columns: "

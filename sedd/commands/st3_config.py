@@ -52,17 +52,16 @@ def read_st3_config(
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
-    """The st3 YAML at ``path``; ``ConfigError`` when it is missing, not YAML or not sections."""
-    import yaml  # only st3 configs need it
+    """The st3 YAML at ``path``; ``ConfigError`` when it is missing, not YAML (or too large, or
+    expanding too far: ``sedd.io.yaml_files``) or not sections."""
+    from sedd.io.yaml_files import YamlFileError, read_yaml  # only st3 configs need PyYAML
 
-    file = Path(path)
-    if not file.is_file():
+    if not Path(path).is_file():
         raise ConfigError(f"--config {path}: file not found (st3 refuses it too); fix the path.")
     try:
-        data = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigError(f"--config {path}: not valid YAML ({first}).") from None
+        data = read_yaml(path, what="--config") or {}  # bounded: no alias bomb expands
+    except YamlFileError as exc:
+        raise ConfigError(str(exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: expected sections data/inference/other, got "
                           f"{type(data).__name__}.")  # fmt: skip

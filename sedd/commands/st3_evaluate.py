@@ -34,9 +34,9 @@ def evaluation_args(args: argparse.Namespace) -> Path | None:
 
 def check_evaluation(loaded: LoadedModel, test: Path, args: argparse.Namespace) -> None:
     """Before any sampling: the test cells carry ``--gene`` and share genes with the model."""
-    import anndata  # slow to import; only --evaluate needs it here
+    from sedd.io.read import read_h5ad_safely  # slow to import (anndata); only --evaluate
 
-    real = anndata.read_h5ad(test, backed="r")
+    real = read_h5ad_safely(test, what="--test_data_path", backed="r")
     try:
         genes, columns = set(map(str, real.var_names)), list(real.obs.columns)
     finally:

@@ -60,7 +60,7 @@ from sedd.commands.st3_scripts import _load, _parse, own_arguments
 from sedd.defaults import MAX_SEED, PREDICTORS
 from sedd.diffusion.randomness import Purpose, cell_uniforms
 from sedd.io.files import refuse_existing, write_bytes_atomic
-from sedd.io.read import read_counts
+from sedd.io.read import read_counts, read_h5ad_safely
 from sedd.io.write import write_h5ad_atomic
 from sedd.request.imputation import (
     Imputation,
@@ -253,7 +253,7 @@ def _dense(x: Any) -> np.ndarray:
 def _add_to_cells(out: Path, real: torch.Tensor, hidden: torch.Tensor, rows: np.ndarray,
                   record: dict[str, Any]) -> None:  # fmt: skip
     """The written cells, with what scores them: the real counts, the mask, the data rows."""
-    adata = anndata.read_h5ad(out)
+    adata = read_h5ad_safely(out, what="the result")
     adata.layers["real_counts"] = sp.csr_matrix(real.numpy().astype(np.int32))
     adata.layers["imputation_mask"] = sp.csr_matrix(hidden.numpy().astype(np.int8))
     adata.obs["data_row"] = rows.astype(np.int64)
@@ -283,7 +283,7 @@ def inference_imputation(argv: Sequence[str] | None = None) -> int:
     check_h5ad_name(out, "--output_dir")
     _refuse_existing_result(out_dir, args)
     checkpoint = args.checkpoint  # st3 records it as given (or the file it found)
-    data = read_counts(args.data_path)
+    data = read_counts(args.data_path, what="--data_path")
     rows = st3_rows(data.n_obs, args)  # an empty split is refused before the model loads
     cells = data[rows]
     loaded = _load_named(args)
@@ -305,7 +305,7 @@ def inference_imputation(argv: Sequence[str] | None = None) -> int:
         for path in _existing_results(out_dir):
             path.unlink()
     write_result(loaded, request, args, out, "inference_imputation", extra)
-    written = anndata.read_h5ad(out)
+    written = read_h5ad_safely(out, what="the result")
     if list(written.obs_names) != list(cells.obs_names):  # a bug, not a user error
         raise RuntimeError(f"{out}: the imputed cells are not --data_path's, in order.")
     imputed = torch.from_numpy(_dense(written.X))

@@ -96,11 +96,20 @@ _SCRIPTS: dict[str, Script] = {
 
 def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
     """Run a script entry point; user errors print one line and exit 2 (like ``sedd``), naming
-    the script's own flags and job-script variables, not sedd's."""
-    try:
-        code = entry(None)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        message = in_script_words(str(exc), _SCRIPTS.get(entry.__name__, "conditional"))
-        print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-        code = 2
+    the script's own flags and job-script variables, not sedd's. As in ``sedd``, its outputs
+    are its own while it runs (``sedd.io.output_lock``) and a run that fails removes the
+    directories it made and left empty."""
+    from sedd.io.files import NewDirectories
+    from sedd.io.output_lock import OutputLocks
+
+    with NewDirectories() as made:
+        try:
+            with OutputLocks():
+                code = entry(None)
+        except (ValueError, FileNotFoundError, FileExistsError) as exc:
+            message = in_script_words(str(exc), _SCRIPTS.get(entry.__name__, "conditional"))
+            print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+            code = 2
+        if code != 0:
+            made.remove_empty()
     raise SystemExit(code)

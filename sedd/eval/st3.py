@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from sedd.checkpoints import LoadedModel
 from sedd.eval.metrics import MIN_GROUP_CELLS, evaluate_counts
-from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts
+from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts, read_h5ad_safely
 
 REFERENCE_CONDITION_KEYS = ("perturbation", "target_gene", "gene", "condition", "bulk_labels")
 
@@ -110,7 +110,7 @@ def perturbseq_metrics(
     reference: HeldOutReference, generated: Path, *, n_pcs: int = 50, seed: int = 0
 ) -> dict[str, Any]:
     """``sedd.eval.metrics`` of the generated file against the held-out cells, per perturbation."""
-    gen = anndata.read_h5ad(generated)
+    gen = read_h5ad_safely(generated, what="generated cells")
     if [str(g) for g in gen.var_names] != reference.genes:
         raise ValueError(f"{generated} does not have the model's genes in the model's order.")
     result = evaluate_counts(

@@ -1,3 +1,4 @@
 """Files in and out: AnnData read (``read``) and written (``write``), counts <-> tokens
-(``tokens``), and atomic files, JSON and hashes (``files``).
+(``tokens``), atomic files, JSON and hashes (``files``), and YAML configs read within bounds
+(``yaml_files``).
 """

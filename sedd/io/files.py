@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from sedd.io import output_lock
+
 
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's bytes, read in chunks."""
@@ -71,7 +73,12 @@ _MADE: ContextVar[list[Path] | None] = ContextVar("sedd_made_directories", defau
 
 def refuse_existing(path: Path, *, overwrite: bool, flag: str = "--overwrite") -> None:
     """``FileExistsError`` when ``path`` already holds a result and ``overwrite`` is off: checked
-    before any work, so an earlier run's cells are never replaced by accident."""
+    before any work, so an earlier run's cells are never replaced by accident. Inside a CLI
+    command this also claims ``path`` (``sedd.io.output_lock``): a second run writing it now is
+    refused with ``OutputBusy``, before its work."""
+    if output_lock.active() and not path.is_dir():
+        make_parents(path)  # the lock file lies beside it
+        output_lock.claim(path)
     if path.is_file() and not overwrite:  # a directory or device: check_writable says so
         raise FileExistsError(
             f"{path} exists (an earlier run's result); pass {flag} to replace it, or write "

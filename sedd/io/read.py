@@ -3,6 +3,8 @@
 - ``read_counts``: an AnnData whose ``.X`` is integer counts, from ``.X``, a layer, or recovered
   from log-normalised ``.raw.X`` (scanpy's pbmc68k_reduced layout).
 - ``align_genes``: columns reordered to the model's gene list.
+- ``read_h5ad_safely``: ``anndata.read_h5ad`` after ``sedd.io.hdf5_safety`` has checked that
+  the file holds its own data; every product read of an ``.h5ad`` goes through it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Literal
 import anndata
 import numpy as np
 import scipy.sparse as sp
+
+from sedd.io.hdf5_safety import check_self_contained
 
 # Recovered counts must sit this close to an integer; 0.5 would be pure noise. The pbmc68k
 # file reaches 0.08 (float32 storage of log1p values), so 0.25 is strict yet unambiguous.
@@ -34,6 +38,7 @@ def read_counts(
     layer: str | None = None,
     recover: Literal["pbmc"] | None = None,
     size_factor_key: str = "n_counts",
+    what: str = "h5ad file",
 ) -> anndata.AnnData:
     """Return an AnnData whose ``.X`` is integer counts (CSR int64 or dense int64).
 
@@ -43,9 +48,10 @@ def read_counts(
       as ``log1p(counts / size * 1e4)`` in ``.raw.X``; ``var`` then comes from ``.raw.var``. The
       largest rounding distance is recorded in ``uns["count_recovery"]``.
 
-    ``obs``, ``var``, ``obsm`` and ``uns`` are kept (copies); the input is not modified.
+    ``obs``, ``var``, ``obsm`` and ``uns`` are kept (copies); the input is not modified. A path
+    is read with ``read_h5ad_safely``; ``what`` names it in its errors (e.g. ``"--data"``).
     """
-    adata = _load(source)
+    adata = _load(source, what)
     if layer is not None and recover is not None:
         raise ValueError(
             f"pass either layer={layer!r} or recover={recover!r}, not both: a layer is read as "
@@ -125,7 +131,19 @@ def align_genes(adata: anndata.AnnData, genes: Sequence[str]) -> anndata.AnnData
 # --- reading -------------------------------------------------------------------------------
 
 
-def _load(source: str | Path | anndata.AnnData) -> anndata.AnnData:
+def read_h5ad_safely(
+    path: str | Path, *, what: str = "h5ad file", backed: Literal["r"] | None = None
+) -> anndata.AnnData:
+    """``anndata.read_h5ad(path, backed=backed)``, once ``check_self_contained`` has found no
+    object that reads another file (external storage or links, virtual datasets).
+
+    ``what`` names the file in the errors (a flag such as ``"--data"``): ``ExternalDataError``
+    for such an object, ``NotHdf5Error`` for a file that is not HDF5, both ``ValueError``."""
+    check_self_contained(path, what)
+    return anndata.read_h5ad(path, backed=backed)
+
+
+def _load(source: str | Path | anndata.AnnData, what: str) -> anndata.AnnData:
     if isinstance(source, anndata.AnnData):
         return source
     path = Path(source)
@@ -134,7 +152,7 @@ def _load(source: str | Path | anndata.AnnData) -> anndata.AnnData:
     with warnings.catch_warnings():
         # older files keep graphs in uns["neighbors"]; anndata moves them and says so
         warnings.filterwarnings("ignore", message="Moving element from .uns", category=Warning)
-        return anndata.read_h5ad(path)
+        return read_h5ad_safely(path, what=what)
 
 
 def _layer_list(adata: anndata.AnnData) -> str:

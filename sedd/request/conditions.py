@@ -12,6 +12,7 @@ from pathlib import Path
 import anndata
 
 from sedd.checkpoints import LoadedModel
+from sedd.io.read import read_h5ad_safely
 
 
 def read_perturbation_file(path: str | Path) -> list[str]:
@@ -100,7 +101,7 @@ def label_mix(
         path = Path(like)
         if not path.is_file():
             raise FileNotFoundError(f"`like` {path} is not a file; pass an .h5ad of cells.")
-        obs = anndata.read_h5ad(path, backed="r").obs
+        obs = read_h5ad_safely(path, what="`like`", backed="r").obs
     elif isinstance(like, anndata.AnnData):
         obs = like.obs
     else:

@@ -35,6 +35,7 @@ from sedd.shards.manifest import (
     ShardPaths,
     claim_request_file,
     read_json,
+    regular_file,
     request_identity,
     request_record,
     shard_entry,
@@ -265,7 +266,8 @@ def _complete_entry(job: ShardJob) -> dict[str, Any] | None:
             f"delete {job.paths.out_dir} or use a new output directory (--out-dir; st3 scripts: "
             "--output_dir)."
         )
-    if h5ad.exists() and sha256_file(h5ad) == entry.get("h5ad_sha256"):
+    # a FIFO or a device there is refused (reading it would block or never end)
+    if h5ad.exists() and sha256_file(regular_file(h5ad, "shard h5ad")) == entry.get("h5ad_sha256"):
         return entry
     _note(f"{h5ad} is missing or does not match its entry's sha256; regenerating it")
     entry_path.unlink(missing_ok=True)
@@ -283,6 +285,9 @@ def _load_parts(job: ShardJob) -> None:
         match = _PART.match(path.name)
         if match is None:  # a temp file from a killed write, or a stranger
             path.unlink(missing_ok=True)
+            continue
+        if not path.is_file():  # a FIFO or a device would block or never end: not read
+            _note(f"ignoring {path}: not a regular file (its cells are generated again)")
             continue
         start, stop = int(match.group(1)), int(match.group(2))
         lo, hi = start - job.cells.start, stop - job.cells.start

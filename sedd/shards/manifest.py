@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from sedd.engine.forwards import block_rows_for
 from sedd.io.files import temporary_beside
 from sedd.precision import PrecisionPolicy
 from sedd.request.plan import GenerationRequest
-from sedd.shards.ranges import Shard
+from sedd.shards.ranges import MAX_SHARDS, Shard
 
 FORMAT = "sedd-shards/1"
 REQUEST_FILE = "request.json"
@@ -110,6 +111,7 @@ def request_record(identity: Mapping[str, Any], **info: Any) -> dict[str, Any]:
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
+    regular_file(path, what)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -117,6 +119,68 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ShardOutputError(f"{what} {path} is not a {FORMAT} record; delete it.")
     return data
+
+
+def regular_file(path: Path, what: str) -> Path:
+    """``path`` when it is a regular file (a link is followed). A FIFO, device, socket or
+    directory is refused before anything opens it: reading a FIFO nobody writes blocks forever,
+    reading /dev/zero never ends."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                 (stat.S_ISSOCK, "a socket"))  # fmt: skip
+        kind = next((name for is_kind, name in kinds if is_kind(mode)), "a special file")
+        link = f" (a link to {os.readlink(path)})" if path.is_symlink() else ""
+        raise ShardOutputError(
+            f"{what} {path} is {kind}{link}, not a regular file, so it is not read; delete it "
+            "and rerun the shard(s) that write it."
+        )
+    return path
+
+
+def request_layout(record: Mapping[str, Any], path: Path) -> tuple[int, int]:
+    """(shard count, cell count) of the request record read from ``path``, checked: they decide
+    how many files a merge looks for and how it splits the cells, so an edited or damaged record
+    is one line naming the field, never a billion-shard loop or an empty range."""
+    identity = record.get("identity")
+    if not isinstance(identity, Mapping):
+        raise _bad_field(path, "identity", identity, "a mapping")
+    num_shards, cells = identity.get("num_shards"), identity.get("cells")
+    if not _whole(num_shards) or not 1 <= num_shards <= MAX_SHARDS:
+        wanted = f"a whole number in 1..{MAX_SHARDS:,}"
+        raise _bad_field(path, "identity.num_shards", num_shards, wanted)
+    if not _whole(cells) or cells < 0:
+        raise _bad_field(path, "identity.cells", cells, "a whole number >= 0")
+    if not isinstance(record.get("identity_sha256"), str):
+        raise _bad_field(path, "identity_sha256", record.get("identity_sha256"), "a hex string")
+    return num_shards, cells
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad_field(path: Path, field: str, value: Any, wanted: str) -> ShardOutputError:
+    return ShardOutputError(
+        f"request file {path}: {field} must be {wanted}, got {_short(value)}; the file was "
+        "edited or damaged: restore it, or rerun the shards into a new output directory."
+    )
+
+
+def shard_h5ad(entry: Mapping[str, Any], paths: ShardPaths) -> Path:
+    """The shard's h5ad, as its entry names it, checked: the entry must name the file the layout
+    gives the shard (never a path outside the shards directory, absolute or through ``..``), and
+    that file must be a regular file."""
+    name, expected = entry.get("h5ad"), paths.h5ad.name
+    if name != expected:
+        escapes = isinstance(name, str) and (Path(name).is_absolute() or ".." in Path(name).parts)
+        problem = f"a path outside {paths.out_dir}" if escapes else "not this shard's file"
+        raise ShardOutputError(
+            f"shard entry {paths.entry}: h5ad is {_short(name)} ({problem}), expected "
+            f"{expected!r}; delete {paths.entry} and rerun shard {paths.shard.index}."
+        )
+    return regular_file(paths.h5ad, "shard h5ad")
 
 
 def claim_request_file(out_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,65 +1,91 @@
 """Merge the shards of an output directory into one h5ad, after checking nothing is missing.
 
 Checks, in order, each failing with a message that says which shards and what to do:
-``request.json`` present; an entry and an h5ad for every shard 0..n-1; every entry written for
-this request; every h5ad matching its entry's sha256; every shard holding exactly its cell range
+``request.json`` present, with a sane shard count (1..``MAX_SHARDS``) and cell count; an entry
+and an h5ad for every shard 0..n-1, each entry naming its own h5ad, a regular file (never a FIFO
+or a device, which would block or never end); every entry written for this request; every h5ad
+matching its entry's sha256; every shard holding exactly its cell range
 (so no cell is missing or duplicated) and the total equal to the request's cell count; the same
 genes everywhere. Only then is the output written (atomically). Merging twice gives the same cells.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-import anndata
 import pandas as pd
 import scipy.sparse as sp
 
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
+from sedd.io.read import read_h5ad_safely
 from sedd.shards.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
     ShardOutputError,
     ShardPaths,
     read_json,
+    request_layout,
+    shard_h5ad,
 )
 from sedd.shards.ranges import Shard, shard_range
 
 _CHUNK_CELLS = 16384  # cells copied at a time
+_ENTRY_NAME = re.compile(r"shard-([0-9]+)-of-[0-9]+\.json")
 
 
 class MergeError(ShardOutputError):
     """The shards cannot be merged (missing, foreign, corrupt or overlapping)."""
 
 
-def _indices(shards: list[int]) -> str:
-    more = f" and {len(shards) - 20} more" if len(shards) > 20 else ""
+def _indices(shards: list[int], total: int | None = None) -> str:
+    """The first 20 shard numbers of ``shards`` (of ``total``, when it lists only the first)."""
+    total = len(shards) if total is None else total
+    more = f" and {total - 20} more" if total > 20 else ""
     return ", ".join(map(str, shards[:20])) + more
 
 
-def _checked_entries(out_dir: Path, request: dict[str, Any]) -> list[dict[str, Any]]:
-    identity = request["identity"]
-    n, num_cells = int(identity["num_shards"]), int(identity["cells"])
+def _finished(out_dir: Path, n: int) -> set[int]:
+    """The shards of ``n`` with both an entry and an h5ad, from one listing of the shards
+    directory: the cost is the files there, not ``n`` (a million names to look up one by one
+    take many seconds)."""
+    shard_dir = out_dir / SHARD_DIR
+    names = set(os.listdir(shard_dir)) if shard_dir.is_dir() else set()
+    found = set()
+    for name in names:
+        match = _ENTRY_NAME.fullmatch(name)
+        if match is None or int(match[1]) >= n:
+            continue
+        paths = ShardPaths(out_dir, Shard(int(match[1]), n))
+        if name == paths.entry.name and paths.h5ad.name in names:  # of n shards, not another n
+            found.add(paths.shard.index)
+    return found
+
+
+def _checked_entries(
+    out_dir: Path, request: dict[str, Any], n: int, num_cells: int
+) -> list[dict[str, Any]]:
+    finished = _finished(out_dir, n)
+    if len(finished) < n:
+        missing = list(itertools.islice((k for k in range(n) if k not in finished), 20))
+        raise MergeError(
+            f"{n - len(finished)} of {n} shards are not finished in {out_dir / SHARD_DIR}: "
+            f"shard(s) {_indices(missing, n - len(finished))} (no "
+            f"{ShardPaths(out_dir, Shard(missing[0], n)).entry.name} or no h5ad). Rerun those "
+            f"shards (e.g. sbatch --array={','.join(map(str, missing))}, or --shard-index K) "
+            "with the same request, then merge again."
+        )
     entries: list[dict[str, Any]] = []
-    missing: list[int] = []
     for k in range(n):
         paths = ShardPaths(out_dir, Shard(k, n))
-        if not (paths.entry.exists() and paths.h5ad.exists()):
-            missing.append(k)
-            continue
         entries.append(read_json(paths.entry, "shard entry"))
-    if missing:
-        raise MergeError(
-            f"{len(missing)} of {n} shards are not finished in {out_dir / SHARD_DIR}: shard(s) "
-            f"{_indices(missing)} (no {ShardPaths(out_dir, Shard(missing[0], n)).entry.name} "
-            "or no h5ad). Rerun those shards (e.g. sbatch --array="
-            f"{','.join(map(str, missing[:20]))}, or --shard-index K) with the same request, "
-            "then merge again."
-        )
+        shard_h5ad(entries[-1], paths)  # named as the layout names it, and a regular file
     wanted = request["identity_sha256"]
-    foreign = [e["shard_index"] for e in entries if e.get("identity_sha256") != wanted]
+    foreign = [k for k, e in enumerate(entries) if e.get("identity_sha256") != wanted]
     if foreign:
         raise MergeError(
             f"shard(s) {_indices(foreign)} in {out_dir} were written for a different request "
@@ -101,12 +127,11 @@ def merge_shards(
             "`sedd generate/predict --out-dir DIR`), or no shard has started yet."
         )
     request = read_json(request_path, "request file")
-    entries = _checked_entries(out_dir, request)
-    identity = request["identity"]
-    n, num_cells = int(identity["num_shards"]), int(identity["cells"])
+    n, num_cells = request_layout(request, request_path)  # checked before any shard is looked at
+    entries = _checked_entries(out_dir, request, n, num_cells)
 
     paths = [ShardPaths(out_dir, Shard(k, n)).h5ad for k in range(n)]
-    shard0 = anndata.read_h5ad(paths[0], backed="r")
+    shard0 = read_h5ad_safely(paths[0], what="shard 0", backed="r")
     genes, first_uns = [str(g) for g in shard0.var_names], dict(shard0.uns.get("sedd", {}))
     shard0.file.close()
     summary = _summary(out, entries, request)
@@ -136,7 +161,7 @@ def _copy_shard(
 ) -> pd.DataFrame:
     """Append shard ``k``'s cells to ``writer`` in row chunks (never the whole shard in memory);
     return its obs."""
-    adata = anndata.read_h5ad(path, backed="r")
+    adata = read_h5ad_safely(path, what=f"shard {k}", backed="r")
     try:
         if adata.n_obs != entry["cells"]:
             raise MergeError(

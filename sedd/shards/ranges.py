@@ -19,6 +19,9 @@ from dataclasses import dataclass
 ENV_COUNT = "SLURM_ARRAY_TASK_COUNT"
 ENV_ID = "SLURM_ARRAY_TASK_ID"
 ENV_MIN = "SLURM_ARRAY_TASK_MIN"
+# More shards than any array job runs (SLURM's MaxArraySize is at most 4,000,001, by default
+# 1,001); a larger count is a typo or a damaged manifest, and would take minutes to even list.
+MAX_SHARDS = 1_000_000
 
 
 class ShardError(ValueError):
@@ -35,6 +38,11 @@ class Shard:
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ShardError(f"the number of shards must be >= 1, got {self.count}.")
+        if self.count > MAX_SHARDS:
+            raise ShardError(
+                f"the number of shards must be at most {MAX_SHARDS:,}, got {self.count}; "
+                "run fewer, larger shards."
+            )
         if not 0 <= self.index < self.count:
             raise ShardError(
                 f"shard index must be in 0..{self.count - 1} for {self.count} shard(s), "
