@@ -20,6 +20,8 @@ import warnings
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
+from sedd.commands.interrupts import EXIT_TERMINATED, Terminated, terminate_cleanly, terminated_line
+
 # Sub-command modules, each with ``register(subparsers)`` that sets ``func`` on its parser.
 _COMMAND_MODULES = (
     "generate",
@@ -200,8 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     debug = args.debug or os.environ.get("SEDD_DEBUG", "") not in ("", "0")
     _ignore_file_size_signal()
+    if args.command != "serve":  # `sedd serve` drains on SIGTERM (server.serve)
+        terminate_cleanly()
     try:
         return _run(args)
+    except Terminated:
+        print(terminated_line(f"sedd {args.command}"), file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"sedd {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

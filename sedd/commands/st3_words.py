@@ -99,13 +99,23 @@ def script_main(entry: Callable[[Sequence[str] | None], int]) -> None:
     the script's own flags and job-script variables, not sedd's. As in ``sedd``, its outputs
     are its own while it runs (``sedd.io.output_lock``) and a run that fails removes the
     directories it made and left empty."""
+    from sedd.commands.interrupts import (
+        EXIT_TERMINATED,
+        Terminated,
+        terminate_cleanly,
+        terminated_line,
+    )
     from sedd.io.files import NewDirectories
     from sedd.io.output_lock import OutputLocks
 
+    terminate_cleanly()
     with NewDirectories() as made:
         try:
             with OutputLocks():
                 code = entry(None)
+        except Terminated:
+            print(terminated_line(Path(sys.argv[0]).name), file=sys.stderr)
+            code = EXIT_TERMINATED
         except (ValueError, FileNotFoundError, FileExistsError) as exc:
             message = in_script_words(str(exc), _SCRIPTS.get(entry.__name__, "conditional"))
             print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -191,3 +192,46 @@ def test_write_cells_h5ad_past_a_file_size_limit_raises_efbig_instead_of_crashin
     assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
     assert done.stdout.strip() == f"errno EFBIG {out}"
     assert list(tmp_path.iterdir()) == []
+
+
+# the writer pauses after its first cells are written: a SIGTERM then lands mid-write
+_PAUSE_MID_WRITE = """
+import time
+from sedd.io.cell_writer import CellWriter
+_add = CellWriter.add
+def add(self, counts):
+    _add(self, counts)
+    print("writing", flush=True)
+    time.sleep(60)
+CellWriter.add = add
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_mid_write_leaves_nothing_says_so_in_one_line_and_exits_143(
+    tmp_path: Path,
+) -> None:
+    """What ``scancel`` and a SLURM time limit send: it used to leave ``.NAME.h5ad.*.tmp`` and
+    print nothing (exit 143). Now the same clean-up as Ctrl-C runs, and one line says so."""
+    out = tmp_path / "cells.h5ad"
+    script = (
+        f"{_PAUSE_MID_WRITE}\nfrom sedd.cli import main\nraise SystemExit(main({_generate(out)!r}))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+        assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # mid-write
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "Traceback" not in stderr
+    [line] = [x for x in stderr.splitlines() if "terminated" in x]
+    assert line.endswith(
+        "sedd generate: terminated (SIGTERM): stopped cleanly, no partial file left; finished "
+        "shard batches are kept, so the same command resumes"
+    )
+    assert list(tmp_path.iterdir()) == []  # no cells, no temporary, no lock, no metrics
