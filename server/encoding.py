@@ -7,6 +7,7 @@ and shifts are computed from integer counts, so every number in a body is finite
 from __future__ import annotations
 
 import asyncio
+import errno
 import math
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import write_cells_h5ad
 from sedd.request.draws import MEAN_LAYER, mean_of_draws
 from sedd.request.provenance import run_provenance
+from server.errors import StorageFull
 from server.intake import PlannedJob
 from server.responses import (
     CellLabels,
@@ -205,12 +207,21 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         engine=engine_record(service.engine),
     )  # fmt: skip
     counts, mean = draws_of(service, planned, result)
-    with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
-        path = write_cells_h5ad(
-            Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells, uns,
-            var=planned.plan.var(), layers=None if mean is None else {MEAN_LAYER: mean},
-        )  # fmt: skip
-        return path.read_bytes()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
+            path = write_cells_h5ad(
+                Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells,
+                uns, var=planned.plan.var(), layers=None if mean is None else {MEAN_LAYER: mean},
+            )  # fmt: skip
+            return path.read_bytes()
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise StorageFull(
+            f"no room for this .h5ad answer in the server's temporary directory "
+            f"({tempfile.gettempdir()}: {err.strerror}); retry later, or ask for JSON "
+            "(format: json); operators: free space there or point TMPDIR at a larger disk"
+        ) from None
 
 
 async def h5ad_response(

@@ -56,6 +56,14 @@ class DeadlineExceeded(Exception):
     """The request's deadline passed before the engine answered."""
 
 
+class StorageFull(Exception):
+    """No room in the server's temporary directory for an ``.h5ad`` answer (507): a condition
+    of the server's disk, not of the request; ``RETRY_STORAGE_S`` later it may have cleared."""
+
+
+RETRY_STORAGE_S = 30
+
+
 class Overloaded(Exception):
     """The work already admitted would keep this request past its deadline (429): it could
     finish alone, so retrying after ``retry_after`` seconds can succeed."""
@@ -73,6 +81,7 @@ MAPPED: tuple[type[Exception], ...] = (
     ModelNotServed,
     EngineFull,
     Overloaded,
+    StorageFull,
     Draining,
     EngineStopped,
     NotReady,
@@ -122,6 +131,9 @@ def http_error(exc: BaseException) -> HTTPFailure:
             )
         case Overloaded():
             return HTTPFailure(429, str(exc), _retry_after(exc.retry_after))
+        case StorageFull():
+            log.warning("%s", exc)  # one line: the operator's disk, not a bug
+            return HTTPFailure(507, str(exc), _retry_after(RETRY_STORAGE_S))
         case Draining() | EngineStopped():
             return HTTPFailure(503, DRAINING_DETAIL, _retry_after(RETRY_DRAINING_S))
         case NotReady():

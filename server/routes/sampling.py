@@ -41,7 +41,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (504, "the request's deadline passed"),
     )
 }
-_H5AD = {200: {"content": {encoding.H5AD_MEDIA_TYPE: {"schema": {"type": "string"}}}}}
+_H5AD = {
+    200: {"content": {encoding.H5AD_MEDIA_TYPE: {"schema": {"type": "string"}}}},
+    507: {"model": ErrorBody, "description": "no room for an .h5ad answer on the server's "
+          "temporary disk; see Retry-After, or ask for JSON"},
+}  # fmt: skip
 
 
 async def _answer(
