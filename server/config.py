@@ -107,6 +107,12 @@ class Settings(BaseSettings):
         gt=0,
         description="a connection must send its request head within this many seconds (JSON 408)",
     )
+    write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a connection whose client reads nothing of its answers for this long (the "
+        "send buffer full) is closed",
+    )
     max_connections: int = Field(
         default=512, ge=1, description="open connections and requests at once (503 above it)"
     )

@@ -120,6 +120,7 @@ def serve(app: FastAPI, settings: Settings) -> None:
     protocol = TimedH11Protocol.configured(
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        write_timeout_s=settings.write_timeout_s,
         max_connections=settings.max_connections,
     )
     config = uvicorn.Config(

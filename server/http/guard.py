@@ -66,7 +66,10 @@ class GuardMiddleware:
             return
         problem = self._key_problem(scope)
         if problem is not None:
-            await send_error(send, 401, problem, {"WWW-Authenticate": "Bearer"})
+            # closed after it: an unauthenticated client keeps no connection (and no place
+            # under max_connections) by sending request after request on it
+            headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
+            await send_error(send, 401, problem, headers)
             return
         counted = scope["path"] not in UNCOUNTED_PATHS
         if counted and self._draining():

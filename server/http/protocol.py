@@ -13,6 +13,10 @@
   connection is closed: the rest of the body is read and dropped for ``LINGER_S`` at most, so the
   client reads the answer rather than a reset, then the socket is closed. uvicorn alone keeps
   such a connection open for as long as the client sends a body byte every few seconds;
+* **a write timeout**: a client that reads nothing of its answers (pipelined requests it never
+  reads: the socket's send buffer fills and writing pauses) is disconnected once writing has
+  stayed paused ``write_timeout_s``; uvicorn alone waits for it forever, and such connections
+  held every place under the cap;
 * **a connection cap** (``max_connections``): the first ``max_connections`` connections are
   admitted; a request on any connection past them gets a JSON 503 with ``Retry-After`` and the
   connection is closed. A connection frees its place when it closes or starts its lingering
@@ -28,7 +32,8 @@
 
 Idle keep-alive connections are closed by uvicorn after ``KEEP_ALIVE_S`` (``timeout_keep_alive``;
 Ray's proxy is given the same). The limits themselves (``header_timeout_s``, ``body_timeout_s``,
-``max_connections``) are the settings' (``server.config.Settings``), given to ``configured``;
+``write_timeout_s``, ``max_connections``) are the settings' (``server.config.Settings``), given
+to ``configured``;
 every error body is written by ``server.http.errors``.
 """
 
@@ -50,6 +55,7 @@ LINGER_S = 2.0  # after an early answer: the most time the rest of its body is r
 BODY_GRACE_S = 1.0  # the route's own body timeout answers first
 RETRY_FULL_S = 1  # Retry-After of a connection refused at the cap
 KEEP_ALIVE_S = 5  # idle keep-alive connections are closed after this (uvicorn's default)
+WRITE_TIMEOUT_S = 30.0  # the settings' default write_timeout_s
 HEAD_TIMEOUT_DETAIL = (
     "the request head did not arrive within {s:g} s (header_timeout_s); send the request line "
     "and headers without pausing"
@@ -129,17 +135,24 @@ class TimedH11Protocol(H11Protocol):
 
     header_timeout_s: ClassVar[float]
     body_timeout_s: ClassVar[float]
+    write_timeout_s: ClassVar[float]
     max_connections: ClassVar[int | None]
     admitted: ClassVar[set[TimedH11Protocol]]  # the connections within the cap
 
     @classmethod
     def configured(
-        cls, *, header_timeout_s: float, body_timeout_s: float, max_connections: int | None
+        cls,
+        *,
+        header_timeout_s: float,
+        body_timeout_s: float,
+        max_connections: int | None,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ) -> type[TimedH11Protocol]:
         """This protocol with these limits, counting its connections on its own (one server)."""
         limits = {
             "header_timeout_s": header_timeout_s,
             "body_timeout_s": body_timeout_s,
+            "write_timeout_s": write_timeout_s,
             "max_connections": max_connections,
             "admitted": set(),
         }
@@ -162,6 +175,7 @@ class TimedH11Protocol(H11Protocol):
         self.lingering, self._admitted = False, False
         self._timer: asyncio.TimerHandle | None = None
         self._timing: str | None = None  # what the timer times: "head", "body" or "linger"
+        self._write_timer: asyncio.TimerHandle | None = None  # while writing is paused
         self._raw = transport
         super().connection_made(SoftClosingTransport(transport, self))  # type: ignore[arg-type]
         self._admit()
@@ -176,8 +190,36 @@ class TimedH11Protocol(H11Protocol):
         super().data_received(data)
         self._time_request()
 
+    def pause_writing(self) -> None:
+        """The send buffer is full (the client is not reading): it has ``write_timeout_s``."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.write_timeout_s, self._write_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        log.warning(
+            "closed a connection: its client read nothing of its answers for %g s "
+            "(write_timeout_s)",
+            self.write_timeout_s,
+        )
+        self.admitted.discard(self)
+        if self.cycle is not None:  # the answer under way is dropped; its job is cancelled
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self._raw.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_timer()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         self.admitted.discard(self)
         super().connection_lost(exc)
 

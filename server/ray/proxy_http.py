@@ -33,13 +33,13 @@ from server.config import Settings
 from server.http.protocol import TimedH11Protocol
 
 log = logging.getLogger("sedd.server")
-LIMITS = ("header_timeout_s", "body_timeout_s", "max_connections")
+LIMITS = ("header_timeout_s", "body_timeout_s", "write_timeout_s", "max_connections")
 PROXY_ACTOR = "SERVE_PROXY_ACTOR"  # Ray Serve names its proxy actors with this prefix
 PROTOCOL: type[TimedH11Protocol] | None = None  # the proxy's protocol, once installed
 
 
 def limits() -> dict[str, float | int]:
-    """The three limits from ``SEDD_<NAME>`` in this process's environment, else the
+    """The connection limits from ``SEDD_<NAME>`` in this process's environment, else the
     settings' defaults."""
     found: dict[str, float | int] = {}
     for name in LIMITS:
