@@ -74,6 +74,7 @@ def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service
         fair=True,
         observer=service_metrics,
         forward_cost_s=settings.forward_cost_s,
+        whole_blocks=True,  # a full tick computes no padding rows
     )
     monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
     service_metrics.attach(engine, monitor)
@@ -117,7 +118,9 @@ def startup_line(service: Service) -> str:
         f"{settings.max_cells_per_request} cells and {settings.max_steps} steps per request, "
         f"{settings.max_queued_jobs} queued jobs, {settings.rows_in_flight} cells in flight "
         "(shared fairly), "
-        f"{service.engine.sampler.block_rows} rows per forward; "
+        f"{service.engine.max_rows_per_forward} rows a step (max_rows_per_forward "
+        f"{settings.max_rows_per_forward}, rounded up to whole blocks) in forwards of "
+        f"{service.engine.sampler.block_rows} rows; "
         f"API key {'required' if settings.api_key else 'off'}; "
         f"http://{settings.host}:{settings.port}"
     )

@@ -139,6 +139,21 @@ class ServiceMetrics:
         )
         self.jobs = Counter("sedd_jobs", "engine jobs by outcome", ["outcome"], registry=reg)
         self.forwards = Counter("sedd_forwards", "model forwards run (calls)", registry=reg)
+        self.block_rows = 1  # rows every forward computes (``attach``)
+        self._rows = (0, 0)  # (stepped, computed) since start: the padding gauge's
+        self.rows_stepped = Counter(
+            "sedd_rows_stepped", "rows of requests stepped by model forwards", registry=reg
+        )
+        self.rows_computed = Counter(
+            "sedd_rows_computed",
+            "rows model forwards computed: whole row blocks, padding rows included",
+            registry=reg,
+        )
+        Gauge(
+            "sedd_rows_computed_per_stepped",
+            "rows computed / rows stepped since start (1: no padding; 0 before any forward)",
+            registry=reg,
+        ).set_function(self._padding)
         self.cells = Counter("sedd_cells_generated", "cells generated", registry=reg)
         # forwards per cell = sedd_cell_forwards / sedd_cells_generated; genes committed per
         # forward = sedd_genes_committed / sedd_cell_forwards
@@ -172,10 +187,15 @@ class ServiceMetrics:
         device, with ``window_s=RATE_WINDOW_S``) at scrape time; the observer feeds ``monitor``."""
         self.num_genes = monitor.num_genes
         self.monitor = monitor
+        self.block_rows = int(engine.sampler.block_rows)
         for name in ("queued_jobs", "active_jobs", "active_rows"):
             self.engine_gauges.labels(name).set_function(
                 lambda name=name: float(getattr(engine, name))
             )
+
+    def _padding(self) -> float:
+        stepped, computed = self._rows
+        return computed / stepped if stepped else 0.0
 
     # ---- EngineObserver (called on the engine thread) ------------------------------------
 
@@ -184,6 +204,10 @@ class ServiceMetrics:
             self.rows_per_forward.observe(rows / calls)
         self.step_seconds.observe(seconds)
         self.forwards.inc(calls)
+        computed = calls * self.block_rows
+        self.rows_stepped.inc(rows)
+        self.rows_computed.inc(computed)
+        self._rows = (self._rows[0] + rows, self._rows[1] + computed)
         if self.monitor is not None:
             self.monitor.add_forward(rows, calls)
 
