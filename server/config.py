@@ -128,8 +128,11 @@ class Settings(BaseSettings):
     )
     min_replicas: int = Field(default=1, ge=1, description="replicas=auto: fewest replicas")
     max_replicas: int = Field(default=2, ge=1, description="replicas=auto: most replicas")
-    gpus_per_replica: float = Field(
-        default=0.0, ge=0, description="GPUs each replica reserves (fractions share a GPU)"
+    gpus_per_replica: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs each replica reserves (fractions share a GPU); none: 1 where the Ray "
+        "cluster has GPUs (0 with --device cpu), else 0",
     )
     cpus_per_replica: float = Field(default=1.0, gt=0, description="CPUs each replica reserves")
     threads_per_replica: int | None = Field(

@@ -160,12 +160,37 @@ def _replica_id() -> str:
         return f"pid{os.getpid()}"
 
 
-def deployment_options(settings: Settings) -> dict[str, Any]:
-    """The Ray Serve deployment's options for these settings."""
+def replica_gpus(settings: Settings, gpus_in_cluster: float) -> float:
+    """The GPUs each replica reserves. Unset: one where the cluster has GPUs (none with
+    ``--device cpu``). Ray hides the GPUs from a replica that reserves none, so a replica given
+    none on a GPU cluster would quietly serve from the CPU: refused unless ``--device cpu``
+    asks for that (ValueError, one line)."""
+    on_cpu = settings.device == "cpu"
+    gpus = settings.gpus_per_replica
+    if gpus is None:
+        gpus = 1.0 if gpus_in_cluster > 0 and not on_cpu else 0.0
+    if gpus == 0 and not on_cpu and (gpus_in_cluster > 0 or settings.device.startswith("cuda")):
+        raise ValueError(
+            f"--gpus-per-replica 0 on a Ray cluster with {gpus_in_cluster:g} GPU(s) (--device "
+            f"{settings.device}): Ray hides the GPUs from such replicas and they would serve from "
+            "the CPU; pass --gpus-per-replica 1 (or a fraction to share a GPU), or --device cpu "
+            "to serve from CPU replicas on purpose"
+        )
+    if gpus > 0 and on_cpu:
+        raise ValueError(
+            f"--gpus-per-replica {gpus:g} with --device cpu reserves GPUs the replicas would not "
+            "use; pass --gpus-per-replica 0, or leave --device out"
+        )
+    return gpus
+
+
+def deployment_options(settings: Settings, gpus: float = 0.0) -> dict[str, Any]:
+    """The Ray Serve deployment's options for these settings, each replica reserving ``gpus``
+    (``replica_gpus``)."""
     most = settings.max_replicas if settings.replicas == "auto" else settings.replicas
     actor = {
         "num_cpus": settings.cpus_per_replica,
-        "num_gpus": settings.gpus_per_replica,
+        "num_gpus": gpus,
         "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(replica_threads(settings))}},
     }
     found: dict[str, Any] = {
@@ -195,8 +220,9 @@ def deployment_options(settings: Settings) -> dict[str, Any]:
     return found
 
 
-def application(settings: Settings) -> Any:
-    """The Ray Serve application: ``SeddReplica`` behind the app of ``server.app``."""
+def application(settings: Settings, gpus: float = 0.0) -> Any:
+    """The Ray Serve application: ``SeddReplica`` behind the app of ``server.app``, each
+    replica reserving ``gpus``."""
     serve = _serve()
     threads = replica_threads(settings)
 
@@ -204,7 +230,7 @@ def application(settings: Settings) -> Any:
         return replica_app(settings, threads)
 
     ingress = serve.ingress(build)(SeddReplica)
-    return serve.deployment(**deployment_options(settings))(ingress).bind()
+    return serve.deployment(**deployment_options(settings, gpus))(ingress).bind()
 
 
 def run(settings: Settings) -> None:
@@ -231,17 +257,27 @@ def run(settings: Settings) -> None:
         )
     else:
         ray.init(address=settings.ray_address, logging_level=logging.WARNING)
+    in_cluster = float(ray.cluster_resources().get("GPU", 0))
+    try:
+        gpus = replica_gpus(settings, in_cluster)
+    except ValueError:
+        if started_ray:
+            ray.shutdown()
+        raise
     signals = Signals()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signals.received)
     try:
         serve.start(http_options=http_options(settings))
-        serve.run(application(settings), name=APP_NAME, route_prefix="/")
+        serve.run(application(settings, gpus), name=APP_NAME, route_prefix="/")
         count = "auto" if settings.replicas == "auto" else settings.replicas
         log.info(
-            "serving %s with %s replica(s) on Ray at http://%s:%d",
+            "serving %s with %s replica(s) on Ray, %g GPU(s) each (%g in the cluster), at "
+            "http://%s:%d",
             settings.model,
             count,
+            gpus,
+            in_cluster,
             settings.host,
             settings.port,
         )
