@@ -59,7 +59,10 @@ async def test_the_server_records_its_engines_forward_shape(model_dir: Path):
     async with served(settings) as (client, _):
         answer = await client.post("/generate", json=body)
         h5ad = await client.post("/generate", json={**body, "format": "h5ad"})
-    record = expected(genes, rows_per_tick=settings.max_rows_per_forward)
+    # the server's tick: max_rows_per_forward rounded up to whole blocks of ROWS
+    whole = -(-settings.max_rows_per_forward // ROWS) * ROWS
+    assert whole != settings.max_rows_per_forward  # (64 rows over blocks of 3: 66)
+    record = expected(genes, rows_per_tick=whole)
     assert answer.status_code == 200 and answer.json()["metadata"]["engine"] == record
     assert h5ad.status_code == 200
     assert anndata.read_h5ad(io.BytesIO(h5ad.content)).uns["sedd"]["engine"] == record
