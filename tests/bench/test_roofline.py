@@ -22,7 +22,11 @@ from sedd.bench.roofline import (
 )
 from sedd.cli import main
 
-pytestmark = pytest.mark.skipif(EMULATED, reason="runs an emulation of its own (meta backing)")
+# slow: an emulation builds its C++ device guard first (tests/cuda_emulation/test_emulator.py)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(EMULATED, reason="runs an emulation of its own (meta backing)"),
+]
 
 # One bf16 block step at the K562 shape (8563 x 1724, 256/8/8, 15 rows), counted by this roofline
 # on the sampler as of f2c6d5c (unchanged since 17d05f4): before the absorbing step took softmax

@@ -1,7 +1,7 @@
 """The emulated CUDA lane can fail: a device mix raises, a sync inside a step is counted, a
 replayed graph that reads freed memory is reported, a sync while capturing raises, memory runs
-out. These run in the plain CPU suite, each inside its own ``emulate_cuda()``; the lane itself
-is ``SEDD_EMULATE_CUDA=1 pytest`` (``tests/conftest.py``)."""
+out. These run in the plain CPU suite (CI's slow step, ``-m slow``), each inside its own
+``emulate_cuda()``; the lane itself is ``SEDD_EMULATE_CUDA=1 pytest`` (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,12 @@ from sedd.engine import Engine, ModelLimits
 from sedd.engine.stepping import Stepper
 from sedd.precision import PrecisionPolicy
 
-pytestmark = pytest.mark.skipif(EMULATED, reason="the whole session is emulated already")
+# slow: the first emulation in a process builds its C++ device guard (about 20 s, once per
+# torch installation): CI's slow step runs these, the README's command does not
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(EMULATED, reason="the whole session is emulated already"),
+]
 
 
 @pytest.fixture

@@ -14,7 +14,11 @@ from devices import EMULATED
 from sedd.cuda_emulation import emulate_cuda
 from sedd.cuda_emulation.roofline import OpCounter
 
-pytestmark = pytest.mark.skipif(EMULATED, reason="the whole session is emulated already")
+# slow: an emulation builds its C++ device guard first (tests/cuda_emulation/test_emulator.py)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(EMULATED, reason="the whole session is emulated already"),
+]
 
 KB8 = 64 * 32 * 4  # one (64, 32) fp32 tensor
 

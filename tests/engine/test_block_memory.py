@@ -29,6 +29,7 @@ def test_rows_that_fit_follow_free_memory_and_the_vocabulary():
 
 
 @pytest.mark.skipif(EMULATED, reason="measures on a meta-backed emulation of its own")
+@pytest.mark.slow  # an emulation: its C++ device guard is built first
 def test_the_per_token_constant_bounds_a_measured_block_step():
     from sedd.cuda_emulation import emulate_cuda
     from sedd.diffusion.graph import graph_from_config
