@@ -91,7 +91,7 @@ slurm/local_cluster.sh install
 slurm/local_cluster.sh start
 
 # The bundled model may be retrained while this runs: both runs use one frozen copy.
-cp -r models/pbmc_default "$WORK/model"
+cp -rL models/pbmc_default "$WORK/model"  # -L: models/pbmc_default links to sedd/bundled
 # two perturbations other than the control (st3's script generates exactly the listed ones)
 "$PY" -c 'import json, sys
 c = json.load(open(sys.argv[1]))
