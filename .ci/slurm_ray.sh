@@ -76,7 +76,7 @@ assert len(seen) == 2, f"requests reached {seen}"
 torch.set_num_threads(1)
 model = sedd.load(device="cpu", precision="fp32")
 for seed in (0, max(answers)):
-    want = model.generate(1, condition=model.control, steps=3, seed=seed, progress=False).X
+    want = model.generate(1, condition=model.default_condition, steps=3, seed=seed, progress=False).X
     np.testing.assert_array_equal(np.asarray(answers[seed]), want.toarray())
 print(f"  {len(answers)} requests reached both replicas {sorted(seen)}; cells equal the API's")
 PYEOF
