@@ -5,12 +5,12 @@ tmpfs cannot be mounted (not root, or no mount permission)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from checkpoint_files import ST3
+from tmpfs import mounted_tmpfs
 
 from sedd.cli import main
 
@@ -20,17 +20,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:GENES ARE POSITIONAL")
 
 @pytest.fixture
 def nearly_full(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        (mount / "filler").write_bytes(b"\0" * (3 * 2**20))  # about 1 MiB left
+    with mounted_tmpfs(tmp_path, "4m", filler_bytes=3 * 2**20) as mount:  # about 1 MiB left
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 def _one_error(capsys: pytest.CaptureFixture[str]) -> str:

@@ -18,6 +18,7 @@ import anndata
 import numpy as np
 import pytest
 from checkpoint_files import ST3
+from tmpfs import mounted_tmpfs
 
 from sedd.cli import main
 from sedd.io.write import write_cells_h5ad
@@ -94,16 +95,8 @@ def test_a_disk_that_fills_mid_write_exits_3_and_removes_the_temporary(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs (skipped where none can be mounted: not root, or no permission)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path, "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.slow

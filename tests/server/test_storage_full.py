@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import httpx
 import pytest
 from server_client import make_settings, serve_subprocess, served
 from server_models import save_tiny_model
+from tmpfs import mounted_tmpfs
 
 import server.encoding
 
@@ -55,17 +55,8 @@ async def test_a_full_disk_is_a_507_with_retry_after_and_one_log_line(
 @pytest.fixture
 def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs, filled (skipped where none can be mounted: not root)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        (mount / "filler").write_bytes(b"\0" * (2**20 - 4096))
+    with mounted_tmpfs(tmp_path, "1m", filler_bytes=2**20 - 4096) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.slow
