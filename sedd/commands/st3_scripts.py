@@ -7,7 +7,9 @@
   -> ``<experiment_dir>/inference_results/generated_cells.h5ad``; ``--evaluate`` then runs
   ``sedd evaluate`` against ``--test_data_path``.
 - ``inference_perturbseq``: the conditional run for the perturbations of ``--reference_data``'s
-  held-out cells, then ``sedd.eval.metrics`` against them -> ``.../inference_results/perturbseq/``.
+  held-out cells -> ``<experiment_dir>/perturbseq_inference_results/`` (st3's place): st3's
+  ``metrics.json`` (each predicted cell against a held-out cell of its perturbation, in bins)
+  and sedd's ``distribution_metrics.json`` (``sedd.eval.metrics`` against the held-out cells).
 
 Every st3 flag and ``--config`` YAML key is in ``sedd.commands.st3_flags.ST3_FLAGS``, with st3's
 defaults and precedence (command line > YAML > default). Each run also writes
@@ -23,6 +25,7 @@ directory; ``sedd merge`` joins them.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -44,10 +47,12 @@ from sedd.commands.st3_flags import Script, add_st3_flags, notes_for
 from sedd.commands.st3_outputs import refuse_early, shard_of, write_result
 from sedd.commands.st3_words import words_as_flags
 from sedd.defaults import default_device
-from sedd.io.files import write_json_atomic
+from sedd.io.files import write_bytes_atomic, write_json_atomic
 from sedd.request.conditions import perturbation_conditions, read_perturbation_file
 from sedd.request.plan import GenerationRequest
 from sedd.shards.ranges import ShardError
+
+PERTURBSEQ_DIR = "perturbseq_inference_results"  # st3's results directory
 
 
 def own_arguments(
@@ -286,10 +291,10 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
             "inference_perturbseq evaluates all cells at once; for sharded runs use `sedd "
             "predict --out-dir`, `sedd merge`, then `sedd evaluate`."
         )
-    out_dir = args.output_dir or Path(args.experiment_dir) / "inference_results" / "perturbseq"
+    out_dir = args.output_dir or Path(args.experiment_dir) / PERTURBSEQ_DIR
     out = refuse_early(out_dir / "generated_cells.h5ad", args)
     loaded = _load(args)
-    from sedd.eval.st3 import held_out_reference, perturbseq_metrics
+    from sedd.eval.st3 import held_out_reference, perturbseq_metrics, st3_paired_scores
 
     reference = held_out_reference(
         args.reference_data, loaded, _label_column(args), args.split_key, args.split_value
@@ -310,11 +315,21 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         loaded, names, include_control=not args.no_control, control=args.control_name
     )
     request = _sampling_request(args, args.num_samples_per_pert, conditions)
-    extra, metrics_file = reference.describe(), out_dir / "metrics.json"
+    extra = reference.describe()
     extra["skipped_perturbations"] = args.skipped_perturbations
-    write_result(loaded, request, args, out, "inference_perturbseq", extra, also=(metrics_file,))
+    st3_file, ours_file = out_dir / "metrics.json", out_dir / "distribution_metrics.json"
+    also = (st3_file, ours_file)
+    write_result(loaded, request, args, out, "inference_perturbseq", extra, also=also)
+    paired = st3_paired_scores(reference, out)
+    st3_metrics = {  # st3's keys, in st3's order
+        **{key: paired[key] for key in ("exact_cell_match", "per_gene_accuracy", "mae_bins")},
+        "within_k": paired["within_k"], "num_steps": args.num_steps,
+        "temperature": args.temperature, "num_cells": paired["num_cells"],
+        "checkpoint": args.checkpoint or str(loaded.weights_file or loaded.path),
+    }  # fmt: skip
+    write_bytes_atomic(st3_file, json.dumps(st3_metrics, indent=2).encode())  # st3: no newline
     metrics = perturbseq_metrics(reference, out, n_pcs=args.n_pcs, seed=args.seed)
-    write_json_atomic(metrics_file, metrics)
+    write_json_atomic(ours_file, metrics)
     overall = metrics["overall"]
     shown = ", ".join(
         f"{key} {overall[key]:.4g}"
@@ -322,7 +337,9 @@ def inference_perturbseq(argv: Sequence[str] | None = None) -> int:
         if isinstance(overall.get(key), float)
     )
     print(
-        f"evaluated against {reference.n_cells} held-out cells: {shown}; "
-        f"metrics: {out_dir / 'metrics.json'}"
+        f"st3's scores over {paired['num_cells']} paired cells: exact cell match "
+        f"{paired['exact_cell_match']:.2%}, per-gene accuracy {paired['per_gene_accuracy']:.2%}, "
+        f"MAE {paired['mae_bins']:.2f} bins ({st3_file})"
     )
+    print(f"evaluated against {reference.n_cells} held-out cells: {shown}; metrics: {ours_file}")
     return 0

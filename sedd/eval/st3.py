@@ -4,7 +4,8 @@ The reference h5ad holds raw counts (``.X``); its genes are aligned to the model
 restricted to the held-out split (``obs[split_key] == split_value``, when that column exists).
 The metrics are ``sedd.eval.metrics.evaluate_counts``, per perturbation and overall; the PCA is
 fitted on the reference cells outside the split when there are enough (out-of-sample for both
-sides).
+sides). ``st3_paired_scores`` adds st3's own scores (its ``metrics.json``): each predicted cell
+against one held-out cell of its perturbation, entry by entry.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sedd.eval.metrics import MIN_GROUP_CELLS, evaluate_counts
 from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts, read_h5ad_safely
 
 REFERENCE_CONDITION_KEYS = ("perturbation", "target_gene", "gene", "condition", "bulk_labels")
+WITHIN_BINS = (1, 3, 5, 10)  # st3's within_k
 
 
 @dataclass
@@ -140,3 +142,49 @@ def generated_conditions(gen: anndata.AnnData, path: Path) -> np.ndarray:
         f"{path} has no obs['condition'] column (obs columns: {list(gen.obs.columns)}); pass a "
         "file written by sedd generate/predict."
     )
+
+
+def st3_paired_scores(reference: HeldOutReference, generated: Path) -> dict[str, Any]:
+    """st3's ``inference_perturbseq.py`` scores, in bins (a token is the count).
+
+    st3 samples one cell under each held-out cell's label and compares the two entry by entry.
+    Here the k-th generated cell of a perturbation is paired with its k-th held-out cell (file
+    order); a perturbation's extra cells on either side are not scored. Both are an independent
+    draw under the label against a real cell of that label, so the expected scores are st3's.
+    The means are exact (integer sums), where st3 averages in float32.
+    """
+    gen = read_h5ad_safely(generated, what="generated cells")
+    gen_labels = generated_conditions(gen, generated)
+    cells = entries = equal_cells = equal_entries = abs_error = 0
+    within = dict.fromkeys(WITHIN_BINS, 0)
+    for label in dict.fromkeys(gen_labels):  # generated order
+        real_rows = np.flatnonzero(reference.cell_labels == label)
+        gen_rows = np.flatnonzero(gen_labels == label)
+        n = min(len(real_rows), len(gen_rows))
+        if n == 0:
+            continue
+        real = _dense_int(reference.counts[real_rows[:n]])  # (n, genes)
+        predicted = _dense_int(gen.X[gen_rows[:n]])  # (n, genes)
+        same, error = real == predicted, np.abs(real - predicted)
+        cells, entries = cells + n, entries + same.size
+        equal_cells += int(same.all(axis=1).sum())
+        equal_entries += int(same.sum())
+        abs_error += int(error.sum())
+        for k in WITHIN_BINS:
+            within[k] += int((error <= k).sum())
+    if cells == 0:
+        raise ValueError(
+            f"no generated perturbation of {generated} has a held-out cell in "
+            f"{reference.path} (obs[{reference.key!r}]); nothing to pair."
+        )
+    return {
+        "exact_cell_match": equal_cells / cells,
+        "per_gene_accuracy": equal_entries / entries,
+        "mae_bins": abs_error / entries,
+        "within_k": {str(k): within[k] / entries for k in WITHIN_BINS},
+        "num_cells": cells,
+    }
+
+
+def _dense_int(x: Any) -> np.ndarray:
+    return np.asarray(x.toarray() if sp.issparse(x) else x).astype(np.int64)

@@ -311,10 +311,14 @@ def test_st3_perturbseq_flags_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert inference_perturbseq(argv) == 0
     err = capsys.readouterr().err
     assert "note: --num_batches: accepted" in err and "note: --use_train_split: accepted" in err
-    out = exp / "inference_results" / "perturbseq"
+    out = exp / "perturbseq_inference_results"
     assert set(anndata.read_h5ad(out / "generated_cells.h5ad").obs["perturbation"]) == {
         "GENE_A", "GENE_B", "non-targeting"}  # fmt: skip
-    assert json.loads((out / "metrics.json").read_text())["overall"]
+    assert json.loads((out / "distribution_metrics.json").read_text())["overall"]
+    st3 = json.loads((out / "metrics.json").read_text())  # st3's keys, in st3's order
+    assert list(st3) == ["exact_cell_match", "per_gene_accuracy", "mae_bins", "within_k",
+                         "num_steps", "temperature", "num_cells", "checkpoint"]  # fmt: skip
+    assert st3["num_cells"] == 6 and list(st3["within_k"]) == ["1", "3", "5", "10"]
 
 
 def test_a_flags_value_that_looks_like_a_word_stays_its_value(

@@ -113,11 +113,11 @@ def test_perturbseq_script_evaluates_against_held_out_test_cells(tmp_path: Path)
         "--num_samples_per_pert", "6", "--num_steps", "2", "--precision", "fp32", "--n_pcs", "5",
     ]  # fmt: skip
     assert inference_perturbseq(argv) == 0
-    out_dir = exp / "inference_results" / "perturbseq"
+    out_dir = exp / "perturbseq_inference_results"  # st3's place
     adata = anndata.read_h5ad(out_dir / "generated_cells.h5ad")
     # GENE_Z is not a model label: only the shared ones are predicted
     assert sorted(set(adata.obs["perturbation"])) == ["GENE_A", "non-targeting"]
-    metrics = json.loads((out_dir / "metrics.json").read_text())
+    metrics = json.loads((out_dir / "distribution_metrics.json").read_text())
     assert metrics["reference"]["cells"] == 18 and metrics["reference"]["split"]["value"] == "test"
     assert metrics["overall"]["n_real"] == 12 and metrics["overall"]["n_gen"] == 12
     assert set(metrics["per_condition"]) == {"GENE_A", "GENE_Z", "non-targeting"}
@@ -170,6 +170,6 @@ def test_perturbseq_smoke_on_bundled_pbmc_model(tmp_path: Path) -> None:
     assert inference_perturbseq(argv) == 0
     adata = anndata.read_h5ad(tmp_path / "generated_cells.h5ad")
     assert adata.n_obs == 10 and adata.var_names[0] == "HES4"
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "distribution_metrics.json").read_text())
     assert metrics["reference"]["condition_key"] == "bulk_labels"
     assert metrics["reference"]["cells"] == 105
