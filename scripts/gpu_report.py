@@ -345,7 +345,8 @@ def graphs_on_off(results: dict[str, dict]) -> dict[str, list[dict[str, object]]
             g = by_rows.get(f["rows"])
             if g is None:
                 continue
-            tick_off, tick_on = f["host_ms"] + f["forward_ms"], g["host_ms"] + g["forward_ms"]
+            # the tick's wall time (host and device overlap on CUDA; older files lack it)
+            tick_off, tick_on = (x.get("tick_ms") or x["host_ms"] + x["forward_ms"] for x in (f, g))
             rows.append(
                 {
                     "rows": f["rows"],

@@ -12,10 +12,14 @@ rows in flight, all in one row block:
   profiler sees, plus the engine's own readbacks (``Engine.readbacks``: its one small tensor a
   tick, which is a sync on CUDA even where the CPU profiler cannot see one).
 
-On CUDA launches are asynchronous and a replayed CUDA graph runs no module hooks, so there each
-tick is timed on the device with CUDA events (``forward_ms``: the device's time a tick) and
-``host_ms`` is the tick's host wall time beyond it; syncs are what CUDA's own sync debug mode
-reports (``torch.cuda.set_sync_debug_mode("warn")``), pageable copies included.
+On CUDA launches are asynchronous, the tick waits for the device at its readback, and a
+replayed CUDA graph runs no module hooks, so there the host and the device are timed apart:
+``host_ms`` is the host clock over the tick less its wait at the readback (the host's own work:
+scheduling, launches, settling), ``forward_ms`` the device's time from the step's start to its
+readback, by CUDA events. CUDA events around the whole tick would time the host's work too (the
+device idles through it between them), leaving ``host_ms`` near 0. Syncs are what CUDA's own
+sync debug mode reports (``torch.cuda.set_sync_debug_mode("warn")``), pageable copies included;
+it does not see ``torch.cuda.synchronize``, so none is called while it counts.
 
 ``tests/engine/test_step_overhead.py`` pins the deterministic parts (ops and syncs); ``sedd bench
 --overhead`` prints the table.
@@ -44,10 +48,11 @@ SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::nonzero"
 @dataclass(frozen=True)
 class TickOverhead:
     rows: int  # rows in flight, all in one block
-    host_ms: float  # per tick, outside the model forward
-    forward_ms: float  # per tick, inside it
+    host_ms: float  # per tick: outside the model forward (CPU); the host's own work (CUDA)
+    forward_ms: float  # per tick: inside the forward (CPU); the device's step (CUDA events)
     aten_ops: float  # per tick
     syncs: float  # per tick: profiler-visible syncs plus engine readbacks
+    tick_ms: float = 0.0  # per tick, wall time by the host clock
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -72,11 +77,13 @@ def cuda_syncs(engine: Engine, ticks: int = 1) -> float:
             warnings.simplefilter("always")
             for _ in range(ticks):
                 engine.tick()
-            torch.cuda.synchronize(engine.sampler.device)
     finally:
         torch.cuda.set_sync_debug_mode(before)
+    # after the count: the debug mode does not see torch.cuda.synchronize on CUDA, so nothing
+    # of ours may be subtracted from it
+    torch.cuda.synchronize(engine.sampler.device)
     found = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
-    return (len(found) - 1) / ticks  # the closing synchronize is ours
+    return len(found) / ticks
 
 
 def profile_ticks(engine: Engine, ticks: int = 1) -> tuple[float, float]:
@@ -157,12 +164,13 @@ def measure(
         for _ in range(2):  # admission, then a first step
             engine.tick()
         if sampler.device.type == "cuda":
-            wall, device = _device_timed(engine, ticks)
+            wall, host, device = _device_timed(engine, ticks)
         else:
             wall, device = _hook_timed(engine, model, ticks)
+            host = max(wall - device, 0.0)
         ops, syncs = profile_ticks(engine, 2)
-        host_ms = 1000 * max(wall - device, 0.0) / ticks
-        figures.append(TickOverhead(rows, host_ms, 1000 * device / ticks, ops, syncs))
+        ms = [1000 * seconds / ticks for seconds in (host, device, wall)]
+        figures.append(TickOverhead(rows, ms[0], ms[1], ops, syncs, tick_ms=ms[2]))
         engine.stop(drain=False)
     return figures
 
@@ -179,18 +187,45 @@ def _hook_timed(engine: Engine, model: nn.Module, ticks: int) -> tuple[float, fl
         clock.close()
 
 
-def _device_timed(engine: Engine, ticks: int) -> tuple[float, float]:
-    """(host wall, device) seconds of ``ticks`` ticks on CUDA: CUDA events around each tick
-    time the device (launches are asynchronous; graph replays run no hooks)."""
+def _device_timed(engine: Engine, ticks: int) -> tuple[float, float, float]:
+    """(wall, host, device) seconds of ``ticks`` ticks on CUDA. The host clock times each tick
+    and, apart, its wait at the readback (where the host idles until the device is done): host
+    is the wall time less that wait. CUDA events from the step's start to its readback time the
+    device (launches are asynchronous; graph replays run no hooks)."""
     device = engine.sampler.device
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2 * ticks)]
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for i in range(ticks):
-        events[2 * i].record()
-        engine.tick()
-        events[2 * i + 1].record()
-    torch.cuda.synchronize(device)
-    wall = time.perf_counter() - start
-    busy = sum(events[2 * i].elapsed_time(events[2 * i + 1]) for i in range(ticks)) / 1000
-    return wall, busy
+    stepper = engine._stepper
+    step, read_back = stepper.step, stepper._read_back
+    spans: list[list[torch.cuda.Event]] = []
+    waited = 0.0
+
+    def event() -> torch.cuda.Event:
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(torch.cuda.current_stream(device))
+        return mark
+
+    def timed_step(blocks: list) -> None:
+        spans.append([event()])
+        step(blocks)
+
+    def timed_read_back(proposals: list) -> object:
+        nonlocal waited
+        if spans and len(spans[-1]) == 1:  # the step's first readback ends its device work
+            spans[-1].append(event())
+        began = time.perf_counter()
+        try:
+            return read_back(proposals)
+        finally:
+            waited += time.perf_counter() - began
+
+    stepper.step, stepper._read_back = timed_step, timed_read_back  # type: ignore[method-assign]
+    try:
+        torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(ticks):
+            engine.tick()
+        wall = time.perf_counter() - start
+        torch.cuda.synchronize(device)
+    finally:
+        del stepper.step, stepper._read_back  # the class's own again
+    busy = sum(span[0].elapsed_time(span[1]) for span in spans if len(span) == 2) / 1000
+    return wall, max(wall - waited, 0.0), busy

@@ -93,8 +93,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     o.add_argument(
         "--overhead",
         action="store_true",
-        help="per step at each --rows: host ms outside the forward, aten ops, host syncs "
-        "(a small random model, or --model)",
+        help="per step at each --rows: tick ms, host ms (outside the forward; on CUDA the "
+        "host's own work), forward or device ms, aten ops, host syncs (a small random model, "
+        "or --model)",
     )
     o.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256], help="rows in flight")
     o.add_argument("--ticks", type=int, default=5, help="timed steps per row count")
@@ -257,10 +258,13 @@ def _run_overhead(args: argparse.Namespace) -> int:
     figures = measure(model, noise, graph, policy, genes, args.rows, ticks=args.ticks,
                       labels=labels, cuda_graphs=bool(args.cuda_graphs))  # fmt: skip
     table = Table(title=f"per engine step, every row in one block of {max(args.rows)} rows")
-    for col in ("rows in flight", "host ms outside forward", "forward ms", "aten ops", "syncs"):
+    timed = ["host ms outside forward", "forward ms"]
+    if torch.device(args.device).type == "cuda":  # the host and the device timed apart
+        timed = ["host ms (host clock, less the readback wait)", "device ms (CUDA events)"]
+    for col in ("rows in flight", "tick ms", *timed, "aten ops", "syncs"):
         table.add_column(col, justify="right")
     for f in figures:
-        table.add_row(str(f.rows), f"{f.host_ms:.2f}", f"{f.forward_ms:.2f}",
+        table.add_row(str(f.rows), f"{f.tick_ms:.2f}", f"{f.host_ms:.2f}", f"{f.forward_ms:.2f}",
                       f"{f.aten_ops:.0f}", f"{f.syncs:.0f}")  # fmt: skip
     console.print(table)
     out = args.out.with_name("overhead.json") if args.out.name == "bench.json" else args.out

@@ -67,7 +67,9 @@ def _api(emulator: Emulator, streams: Streams) -> dict[str, Any]:
         emulator.sync_debug_mode = _SYNC_MODES[mode]
 
     def synchronize(device: Any = None) -> None:
-        emulator.sync("synchronize", "torch.cuda.synchronize")
+        # cudaDeviceSynchronize: a host sync that CUDA's sync debug mode does not report
+        # (c10::cuda::device_synchronize never calls warn_or_error_on_sync)
+        emulator.sync("synchronize", "torch.cuda.synchronize", debug_mode_sees=False)
 
     def memory_stats(device: Any = None) -> dict[str, int]:
         index = emulator.index_of(device)

@@ -84,7 +84,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        self.emulator.sync("synchronize", "Event.synchronize")
+        self.emulator.sync("synchronize", "Event.synchronize", debug_mode_sees=False)
 
     def elapsed_time(self, end: Event) -> float:
         if self.at is None or end.at is None:

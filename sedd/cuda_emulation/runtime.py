@@ -9,7 +9,7 @@ would, where that is observable from the host:
 * **host syncs are recorded** (``Sync``: kind, op, thread, where in the code): ``.item()``,
   ``bool(t)``, ``nonzero``, ``masked_select``, ``unique``, ``equal``, boolean indexing,
   device-to-host copies, pageable host-to-device copies (pinned, non-blocking ones are not
-  syncs), ``synchronize``; ``torch.cuda.set_sync_debug_mode`` warns or raises on them as on CUDA;
+  syncs), ``synchronize``; ``torch.cuda.set_sync_debug_mode`` acts on them as CUDA's does;
 * **memory is counted** per device, like the caching allocator's ``memory_allocated``: a storage
   counts from its first tensor until its last one dies; past the device's memory an allocation
   raises ``torch.OutOfMemoryError``;
@@ -246,9 +246,9 @@ class Emulator:
 
     # ---- syncs -------------------------------------------------------------------------------
 
-    def sync(self, kind: str, op: str) -> None:
+    def sync(self, kind: str, op: str, debug_mode_sees: bool = True) -> None:
         """Record a host sync; raise if a capture is under way (as CUDA does) or if the sync
-        debug mode says so."""
+        debug mode says so (it never sees device or event synchronizes, as on CUDA)."""
         thread = threading.current_thread()
         record = Sync(kind, op, thread.name, thread.ident or 0, _site())
         with self._lock:
@@ -259,9 +259,9 @@ class Emulator:
                 f"CUDA error: operation not permitted when stream is capturing ({kind} in {op} "
                 f"at {record.where}, thread {record.thread})"
             )
-        if self.sync_debug_mode == 2:
+        if self.sync_debug_mode == 2 and debug_mode_sees:
             raise RuntimeError(f"called a synchronizing CUDA operation ({kind}: {op})")
-        if self.sync_debug_mode == 1:
+        if self.sync_debug_mode == 1 and debug_mode_sees:
             warnings.warn(f"called a synchronizing CUDA operation ({kind}: {op})", stacklevel=3)
 
     def syncs_on(self, thread_id: int) -> list[Sync]:
