@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from sedd.checkpoints import UnknownLabelError
-from sedd.engine import EngineFull, EngineStopped, InvalidTokensError, JobCancelled, JobTimeout
+from sedd.engine import (
+    BlockOutOfMemoryError,
+    EngineFull,
+    EngineStopped,
+    InvalidTokensError,
+    JobCancelled,
+    JobTimeout,
+)
 from sedd.io.tokens import CountRangeError
 from sedd.precision import NonFiniteScoreError
 from server.http.errors import (
@@ -138,7 +145,16 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(503, DRAINING_DETAIL, _retry_after(RETRY_DRAINING_S))
         case NotReady():
             return HTTPFailure(503, str(exc), _retry_after(RETRY_DRAINING_S))
-        case torch.OutOfMemoryError():
+        case BlockOutOfMemoryError():  # persistent: a retry runs the same block out again
+            log.error("%s", exc)
+            return HTTPFailure(
+                500,
+                "out of accelerator memory in one block step of this request alone: the "
+                "server's row block does not fit its accelerator, and a retry would run out "
+                "again. The operator must lower SEDD_TOKENS_PER_FORWARD (--tokens-per-forward, "
+                f"now {exc.tokens_per_forward}), e.g. to {exc.suggested}.",
+            )
+        case torch.OutOfMemoryError():  # packed with other work: alone it may fit later
             log.warning("out of accelerator memory: %s", exc)
             return HTTPFailure(
                 503,

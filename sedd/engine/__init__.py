@@ -38,6 +38,7 @@ from sedd.diffusion.reference import StepProgress
 from sedd.engine.core import Engine
 from sedd.engine.forwards import ForwardShape, block_rows_for, forward_rows, model_sampler
 from sedd.engine.jobs import (
+    BlockOutOfMemoryError,
     EngineFull,
     EngineJob,
     EngineObserver,
@@ -53,6 +54,7 @@ from sedd.engine.jobs import (
 from sedd.engine.offline import engine_record, run_job, run_jobs
 
 __all__ = [
+    "BlockOutOfMemoryError",
     "Engine",
     "EngineFull",
     "EngineJob",

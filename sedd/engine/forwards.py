@@ -21,6 +21,7 @@ with ``sedd.precision.fixed_blocks``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,8 @@ from sedd.checkpoints import LoadedModel
 from sedd.diffusion.cuda_graphs import cuda_graphs_from_env
 from sedd.diffusion.sampling import Sampler
 from sedd.precision import PrecisionPolicy
+
+log = logging.getLogger(__name__)
 
 # Tokens (rows x genes) per model forward when none is set: the forward's fixed row block. On CPU
 # a 765-gene row costs the same at 1 to 10 rows a forward (33-35 ms in fp32), so the block is one
@@ -73,12 +76,25 @@ def block_rows_for(
 
 
 def forward_rows(loaded: LoadedModel, tokens_per_forward: int | None = None) -> int:
-    """The rows of every forward over ``loaded`` on its device (see the module docstring)."""
+    """The rows of every forward over ``loaded`` on its device (see the module docstring). A
+    budget set by hand is kept, with a warning when its block step would not fit the free
+    memory (the estimate is rounded up, so it may yet fit)."""
     genes = loaded.config.num_genes
     rows = block_rows_for(genes, loaded.device, tokens_per_forward)
-    if tokens_per_forward is None and loaded.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(loaded.device)
-        rows = min(rows, rows_that_fit(genes, loaded.graph.dim, free))
+    if loaded.device.type != "cuda":
+        return rows
+    free, _ = torch.cuda.mem_get_info(loaded.device)
+    fit = rows_that_fit(genes, loaded.graph.dim, free)
+    if tokens_per_forward is None:
+        return min(rows, fit)
+    if rows > fit:
+        log.warning(
+            "tokens_per_forward %d: a block step of %d rows needs about %.1f GiB, over %d%% of "
+            "the %.1f GiB free on %s; it may run out of memory. Lower --tokens-per-forward "
+            "(SEDD_TOKENS_PER_FORWARD) to %d, or leave it unset to size blocks from free memory.",
+            tokens_per_forward, rows, step_bytes(rows, genes, loaded.graph.dim) / 2**30,
+            round(FREE_MEMORY_SHARE * 100), free / 2**30, loaded.device, fit * genes,
+        )  # fmt: skip
     return rows
 
 

@@ -158,7 +158,15 @@ class JobHandle:
 
 
 class BlockOutOfMemoryError(torch.OutOfMemoryError):
-    """Out of device memory in a block step, with the setting that lowers it."""
+    """Out of device memory in a block step of one job alone, with the setting that lowers it.
+
+    Persistent: every forward runs on whole blocks, so the same block runs out again on a retry
+    until ``tokens_per_forward`` (rows x genes a block) is lowered, e.g. to ``suggested``."""
+
+    def __init__(self, message: str, tokens_per_forward: int, suggested: int) -> None:
+        super().__init__(message)
+        self.tokens_per_forward = tokens_per_forward
+        self.suggested = suggested
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -110,12 +110,15 @@ class Stepper:
         rows = self.sampler.block_rows
         if rows is None:
             return err
+        suggested = max(genes, rows * genes // 2)
         return BlockOutOfMemoryError(
             f"out of device memory in a block step of {rows} rows x {genes} genes x "
             f"{self.sampler.graph.dim} tokens (about "
             f"{step_bytes(rows, genes, self.sampler.graph.dim) / 2**30:.1f} GiB): lower "
             f"--tokens-per-forward (SEDD_TOKENS_PER_FORWARD, now {rows * genes}), e.g. to "
-            f"{max(genes, rows * genes // 2)} ({err})"
+            f"{suggested} ({err})",
+            tokens_per_forward=rows * genes,
+            suggested=suggested,
         )
 
     def _settle(self, packed: Packed, summary: np.ndarray) -> None:

@@ -81,6 +81,24 @@ def test_the_default_cuda_block_shrinks_to_the_free_memory(monkeypatch: pytest.M
 
 
 @needs_emulator
+def test_a_block_set_by_hand_that_does_not_fit_warns_at_start_up_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    loaded = tiny_loaded()
+    loaded.model.to("cuda")
+    policy = PrecisionPolicy(device=torch.device("cuda"), amp_dtype=None)
+    per_row = step_bytes(1, GENES, loaded.graph.dim)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * per_row, 80 << 30))
+    with caplog.at_level("WARNING", logger="sedd.engine.forwards"):
+        assert model_sampler(loaded, policy, tokens_per_forward=80).block_rows == 8  # fits
+        assert not caplog.records
+        assert model_sampler(loaded, policy, tokens_per_forward=200).block_rows == 20  # kept
+    (record,) = caplog.records
+    assert "tokens_per_forward 200: a block step of 20 rows" in record.getMessage()
+    assert "(SEDD_TOKENS_PER_FORWARD) to 80," in record.getMessage()  # 8 rows x 10 genes
+
+
+@needs_emulator
 def test_running_out_of_memory_names_the_setting_to_lower(emulator, monkeypatch):
     loaded = tiny_loaded()
     loaded.model.to("cuda")
@@ -95,3 +113,5 @@ def test_running_out_of_memory_names_the_setting_to_lower(emulator, monkeypatch)
     for handle in handles:
         with pytest.raises(BlockOutOfMemoryError, match=r"lower --tokens-per-forward \(SEDD"):
             handle.future.result(timeout=0)
+        err = handle.future.exception(timeout=0)
+        assert (err.tokens_per_forward, err.suggested) == (40, 20)  # 4 rows x 10 genes
