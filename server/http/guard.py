@@ -36,6 +36,23 @@ def _bearer(scope: Scope) -> bytes | None:
     return None
 
 
+def key_problem(scope: Scope, key: bytes) -> str | None:
+    """Why ``scope``'s request may not pass a gate with ``key`` (UTF-8 bytes); None if it may."""
+    given = _bearer(scope)
+    if given is None:
+        return "missing bearer API key: send `Authorization: Bearer <key>`."
+    if not secrets.compare_digest(given, key):
+        return "invalid API key."
+    return None
+
+
+async def refuse(send: Send, problem: str) -> None:
+    """The 401 for ``problem``, closed after it: an unauthenticated client keeps no connection
+    (and no place under max_connections) by sending request after request on it."""
+    headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
+    await send_error(send, 401, problem, headers)
+
+
 class GuardMiddleware:
     """API key, drain gate and in-flight count (see the module docstring)."""
 
@@ -47,12 +64,7 @@ class GuardMiddleware:
         key = self.state.settings.api_key
         if key is None or scope["path"] in OPEN_PATHS:
             return None
-        given = _bearer(scope)
-        if given is None:
-            return "missing bearer API key: send `Authorization: Bearer <key>`."
-        if not secrets.compare_digest(given, key.get_secret_value().encode("utf-8")):
-            return "invalid API key."
-        return None
+        return key_problem(scope, key.get_secret_value().encode("utf-8"))
 
     def _draining(self) -> bool:
         service = getattr(self.state, "service", None)
@@ -66,10 +78,7 @@ class GuardMiddleware:
             return
         problem = self._key_problem(scope)
         if problem is not None:
-            # closed after it: an unauthenticated client keeps no connection (and no place
-            # under max_connections) by sending request after request on it
-            headers = {"WWW-Authenticate": "Bearer", "Connection": "close"}
-            await send_error(send, 401, problem, headers)
+            await refuse(send, problem)
             return
         counted = scope["path"] not in UNCOUNTED_PATHS
         if counted and self._draining():

@@ -10,18 +10,26 @@ JSON 429 with ``Retry-After``, and every other such failure a JSON 503 with ``Re
 says to retry: the request did not finish, and another replica (or the restarted one) will take
 it. A ``.../stream`` response whose replica dies after its events began cannot change its status:
 it ends with an ``error`` event (JSON data, status 503, a detail that says to retry) instead of a
-cut-off body. Every body is written by ``server.http.errors``, as the app's own are. This module
-imports nothing heavy: it runs in the proxy's process.
+cut-off body. Every body is written by ``server.http.errors``, as the app's own are.
+
+Ray's proxy also answers routes of its own, which never reach a replica and so never pass the
+app's key check: ``/-/routes`` (the route prefixes served) and ``/-/healthz``. With a key
+(``SEDD_API_KEY`` in the proxy's environment, which ``server.ray.replicas`` sets before it starts
+a local Ray), ``RayRoutesKey`` asks for it on every such route but ``/-/healthz``, a liveness
+probe like the app's ``/healthz``, which needs none either. This module imports nothing heavy: it
+runs in the proxy's process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.http.errors import error_event, send_error
+from server.http.guard import key_problem, refuse
 
 IMPORT_PATH = "server.ray.proxy_errors.proxy_middlewares"
 RETRY_AFTER_S = 1
@@ -34,6 +42,8 @@ STREAM_LOST = (
     "will not come: retry the request"
 )
 FULL = "every replica's request queue is full (max_queued_jobs); retry after {s} s."
+RAYS_ROUTES = "/-/"  # the prefix of the routes Ray's proxy answers itself
+OPEN_RAY_ROUTES = frozenset({"/-/healthz"})  # a liveness probe carries no key
 
 
 def proxy_middlewares() -> list[Middleware]:
@@ -44,7 +54,26 @@ def proxy_middlewares() -> list[Middleware]:
 
     if proxy_http.in_rays_proxy():  # never in a process of ours (e.g. a test's)
         proxy_http.install()
-    return [Middleware(JsonProxyErrors)]
+    return [Middleware(RayRoutesKey), Middleware(JsonProxyErrors)]
+
+
+class RayRoutesKey:
+    """ASGI middleware: Ray's own routes (``/-/...``) but ``/-/healthz`` need the API key, as
+    every route of the app does; the key is read from ``SEDD_API_KEY`` when the proxy starts."""
+
+    def __init__(self, app: ASGIApp, key: str | None = None) -> None:
+        self.app = app
+        key = os.environ.get("SEDD_API_KEY") if key is None else key
+        self.key = key.encode("utf-8") if key else None  # empty is refused before Ray starts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if self.key is not None and path.startswith(RAYS_ROUTES) and path not in OPEN_RAY_ROUTES:
+            problem = key_problem(scope, self.key)
+            if problem is not None:
+                await refuse(send, problem)
+                return
+        await self.app(scope, receive, send)
 
 
 class JsonProxyErrors:

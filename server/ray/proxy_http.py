@@ -51,8 +51,12 @@ def limits() -> dict[str, float | int]:
 
 
 def environment(settings: Settings) -> dict[str, str]:
-    """The variables that give a proxy these settings' limits (set before Ray starts)."""
-    return {f"SEDD_{name.upper()}": str(getattr(settings, name)) for name in LIMITS}
+    """The variables that give a proxy these settings' limits, and their API key for Ray's own
+    routes (``server.ray.proxy_errors.RayRoutesKey``), set before Ray starts."""
+    found = {f"SEDD_{name.upper()}": str(getattr(settings, name)) for name in LIMITS}
+    if settings.api_key is not None:
+        found["SEDD_API_KEY"] = settings.api_key.get_secret_value()
+    return found
 
 
 def in_rays_proxy() -> bool:

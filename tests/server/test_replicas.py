@@ -101,6 +101,10 @@ async def test_both_replicas_serve_and_their_cells_equal_the_apis(served: Served
 
 def test_the_apps_promises_hold_behind_rays_proxy(served: Served) -> None:
     assert httpx.get(f"{served.url}/healthz").status_code == 200  # no key needed
+    assert httpx.get(f"{served.url}/-/healthz").status_code == 200  # Ray's probe: nor here
+    rays_routes = httpx.get(f"{served.url}/-/routes")  # Ray's own route, behind the key
+    assert rays_routes.status_code == 401 and rays_routes.headers["connection"] == "close"
+    assert httpx.get(f"{served.url}/-/routes", headers=AUTH).status_code == 200
     keyless = httpx.post(f"{served.url}/generate", json={"steps": 1})
     assert keyless.status_code == 401 and keyless.json()["detail"].startswith("missing bearer")
     typo = httpx.post(f"{served.url}/generate", json={"conditon": "x"}, headers=AUTH)
