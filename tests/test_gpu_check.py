@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -245,14 +246,40 @@ def test_gpu_check_installs_what_it_needs_first(tmp_path: Path):
     assert done.returncode == 2 and "left no step to run" in done.stderr
 
 
-def test_every_test_path_the_gpu_check_names_exists() -> None:
-    """A renamed test folder must not leave the lane step collecting nothing (pytest exits 4
-    before any test: tests/batch became tests/shards)."""
-    import re
+def test_the_lane_is_one_derived_list_every_runner_takes() -> None:
+    """tests/batch became tests/shards and gpu_check's own list, kept by hand, collected nothing
+    (pytest exits 4 before any test) while CI ran another list. Now scripts/lane_tests.py derives
+    the one list: every folder and top-level module of tests/ is in the lane or excluded with a
+    reason, every path exists, and no runner keeps a list of its own."""
+    lane = _script("lane_tests")
+    paths = lane.lane_paths()
+    assert lane.problems() == [], lane.problems()
+    assert {"tests/engine", "tests/shards", "tests/models", "tests/test_api.py"} <= set(paths)
+    entries = {p.relative_to(ROOT).as_posix() for p in lane._entries()}
+    assert entries == set(paths) | set(lane.EXCLUDED)  # each one in the lane or excluded
+    assert all(len(why.split()) >= 3 for why in lane.EXCLUDED.values())  # a reason, not a word
+    missing = [p for p in [*paths, *lane.EXCLUDED] if not (ROOT / p).exists()]
+    assert not missing, f"the lane names test paths that do not exist: {missing}"
 
-    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    lists = re.findall(r'LANE_TESTS:-([^}"]+)\}', script)
-    assert len(lists) == 2, lists  # the GPU lane and the emulated lane
-    named = [path for listed in lists for path in listed.split()]
-    missing = [path for path in named if not (ROOT / path).exists()]
-    assert not missing, f"scripts/gpu_check.sh names test paths that do not exist: {missing}"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "lane_tests.py")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == paths
+    for runner in ("scripts/gpu_check.sh", ".ci/cuda_lane.sh"):
+        lines = (ROOT / runner).read_text().splitlines()
+        code = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+        assert "scripts/lane_tests.py" in code, runner
+        assert not re.search(r"tests/(engine|diffusion|server|request|shards|models)\b", code)
+    ci = (ROOT / ".ci" / "gpu_check_emulated.sh").read_text()
+    assert "unset LANE_TESTS" in ci and "LANE_TESTS=" not in ci  # gpu_check's real default
+
+
+def test_an_exclusion_without_a_reason_or_a_path_is_a_problem(monkeypatch) -> None:
+    lane = _script("lane_tests")
+    monkeypatch.setitem(lane.EXCLUDED, "tests/io", " ")
+    monkeypatch.setitem(lane.EXCLUDED, "tests/batch", "renamed long ago")
+    assert lane.problems() == [
+        "tests/io: excluded without a reason",
+        "tests/batch: excluded, but not in tests/",
+    ]
+    monkeypatch.delitem(lane.EXCLUDED, "tests/train")
+    assert "tests/train" in lane.lane_paths()  # a folder nobody excluded joins the lane
