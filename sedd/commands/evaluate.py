@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from sedd.commands.evaluate_perturbation import add_arguments as add_perturbation_arguments
+from sedd.commands.evaluate_perturbation import run as run_perturbation
+
 if TYPE_CHECKING:
     import anndata
 
@@ -74,7 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out-dir", type=Path, default=None, help="default: <generated stem>_eval/ beside it"
     )
-    p.add_argument("--n-pcs", type=int, default=50, help="PCA components (fitted on real)")
+    p.add_argument(
+        "--n-pcs",
+        type=int,
+        default=None,
+        help="PCA components (fitted on real); default 50, 30 with --perturbation",
+    )
     p.add_argument(
         "--max-cells", type=int, default=2000, help="cells per side for the pairwise metrics"
     )
@@ -101,10 +109,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sliced W2, MMD^2 on <= 100 cells, Frechet distance on <= 50 PCs, on .X as stored); "
         "needs a condition column in both files",
     )
+    add_perturbation_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.perturbation:
+        return run_perturbation(args)
     # Heavy imports here, so other sub-commands don't pay for them.
     from sedd.eval.label_mix import compare_label_mixes
     from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays
@@ -139,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         genes,
         real_conditions=real.obs[real_key].to_numpy() if real_key else None,
         gen_conditions=gen.obs[gen_key].to_numpy() if gen_key else None,
-        n_pcs=args.n_pcs,
+        n_pcs=args.n_pcs or 50,
         max_cells=args.max_cells,
         seed=args.seed,
         top_k_genes=args.top_genes,
