@@ -6,7 +6,7 @@
 # passes on emulated CUDA, every step runs, and the report (report.md, report.json) is written
 # with every section. It fails if a step failed or did not run, the lane ran no test or had a
 # failure, or the report misses a section; it prints the report either way, and the last lines
-# of each failed step's log. About 30 minutes on a 2-core CPU, nearly all of it the lane.
+# of each failed step's log. About 15 minutes on a quiet 2-core CPU, 9 of them the lane.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_emulated.XXXXXX")
