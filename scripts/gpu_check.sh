@@ -38,7 +38,8 @@
 # step with SEDD_EMULATE_CUDA=1) on tiny shapes and short runs, the lane step runs the same
 # derived test paths (the whole lane: 9 minutes on a quiet 2-core CPU, 20 on a busy one; CI
 # runs all of this as .ci/gpu_check_emulated.sh), and the report says in its first line that its
-# timings mean nothing. Each step's log is kept in $OUT/STEP.log and its outcome in $OUT/STEP.status; the exit status is 1 if any step failed.
+# timings mean nothing. Each step's log is kept in $OUT/STEP.log and its outcome in
+# $OUT/STEP.status; the exit status is 1 if any step failed.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-$REPO/.venv/bin/python}
