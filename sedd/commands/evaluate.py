@@ -66,7 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "PNG plots.",
     )
     p.add_argument("--real", type=Path, required=True, help="real cells, .h5ad with counts in X")
-    p.add_argument("--generated", type=Path, required=True, help="generated cells, .h5ad")
+    p.add_argument(
+        "--generated",
+        type=Path,
+        default=None,
+        help="generated cells, .h5ad (required, except with --perturbation --model)",
+    )
     p.add_argument(
         "--condition-key",
         default=None,
@@ -116,6 +121,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.perturbation:
         return run_perturbation(args)
+    if args.generated is None:
+        raise ValueError(
+            "--generated FILE is required (only --perturbation takes --model instead)."
+        )
     # Heavy imports here, so other sub-commands don't pay for them.
     from sedd.eval.label_mix import compare_label_mixes
     from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays

@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from sedd.commands.evaluate_model_cells import UNKNOWN_REASON
+from sedd.commands.evaluate_model_cells import add_arguments as add_model_cell_arguments
+
 if TYPE_CHECKING:
     import anndata
     import numpy as np
@@ -52,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--fdr", type=float, default=0.05, help="BH FDR below which a gene is significant"
     )
+    add_model_cell_arguments(p)
     group.add_argument(
         "--cell-eval",
         action="store_true",
@@ -67,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     from sedd.io.files import write_json_atomic
 
     console = Console(width=max(Console().width, 120))
-    real, gen = _read(args.real, "--real"), _read(args.generated, "--generated")
+    if (args.generated is None) == (args.model is None):
+        raise ValueError(
+            "--perturbation needs --generated FILE (cells to judge) or --model PATH (generate "
+            "them), exactly one."
+        )
+    real = _read(args.real, "--real")
     real_key = _key(real, args.real_condition_key or args.condition_key, "real")
-    gen_key = _key(gen, args.condition_key, "generated")
     control = args.control_label or real.uns.get("control_label")
     if control is None:
         raise ValueError(
@@ -77,6 +85,17 @@ def run(args: argparse.Namespace) -> int:
             f"label of its control cells in obs[{real_key!r}]."
         )
     real, rest, split = _held_out(real, args, real_key, str(control))
+    out_dir = args.out_dir or _default_out_dir(args)
+    unknown: list[str] = []
+    if args.model is not None:
+        from sedd.commands.evaluate_model_cells import GENERATED_KEY, generate_for_real
+
+        labels = real.obs[real_key].astype(str).tolist()
+        made = generate_for_real(args, labels, out_dir, console)
+        gen, gen_key, unknown, generated = made.cells, GENERATED_KEY, made.unknown, made.path
+    else:
+        gen, generated = _read(args.generated, "--generated"), args.generated
+        gen_key = _key(gen, args.condition_key, "generated")
     genes = [g for g in real.var_names if g in set(gen.var_names)]
     if len(genes) < 2:
         raise ValueError(f"the files share {len(genes)} gene names; need >= 2 with equal names.")
@@ -91,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     real_counts = as_count_matrix(real[:, genes].X, f"--real {args.real}")
-    gen_counts = as_count_matrix(gen[:, genes].X, f"--generated {args.generated}")
+    gen_counts = as_count_matrix(gen[:, genes].X, f"generated cells {generated}")
     report = evaluate_perturbations(
         real_counts,
         real.obs[real_key].astype(str).to_numpy(),
@@ -101,9 +120,13 @@ def run(args: argparse.Namespace) -> int:
         options,
         pca_fit_counts=None if rest is None else as_count_matrix(rest[:, genes].X, "PCA-fit cells"),
     )
+    report.skipped.update({label: UNKNOWN_REASON for label in unknown})
     inputs = {
         "real": str(args.real),
-        "generated": str(args.generated),
+        "generated": str(generated),
+        "model": None if args.model is None else str(args.model),
+        "steps": args.steps,
+        "unknown_to_model": unknown,
         "real_key": real_key,
         "generated_key": gen_key,
         "control_label": str(control),
@@ -112,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
         "input_scale": "counts",
         "semi_synthetic": semi_synthetic,
     }
-    out_dir = args.out_dir or args.generated.parent / f"{args.generated.stem}_perturbation_eval"
     console.print(_summary_table(report))
     console.print(report.params["equal_cells"], highlight=False)
     if report.skipped:
@@ -137,6 +159,12 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"cell-eval: {name} unavailable: {why}", highlight=False)
         console.print(f"wrote {out_dir / 'cell_eval_metrics.json'}")
     return 0
+
+
+def _default_out_dir(args: argparse.Namespace) -> Path:
+    """``<generated stem>_perturbation_eval/`` beside the generated file, else beside --real."""
+    source = args.real if args.generated is None else args.generated
+    return source.parent / f"{source.stem}_perturbation_eval"
 
 
 def _read(path: Path, flag: str) -> anndata.AnnData:

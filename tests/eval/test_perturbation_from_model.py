@@ -1,0 +1,64 @@
+"""``sedd evaluate --perturbation --model``: the report's generated side drawn from the model
+through ``Model.generate``, one cell per held-out real cell (capped), unknown labels skipped."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+from server_models import GENES, save_tiny_model
+
+from sedd.cli import main
+from sedd.commands.evaluate_model_cells import UNKNOWN_REASON, label_counts
+
+# held-out real cells per label; "NOVEL" is a label the tiny model was not trained on
+REAL_CELLS = {"ctrl": 12, "KRAS": 10, "TP53": 7, "NOVEL": 6}
+MAX_CELLS = 8
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pert_model")
+    model = save_tiny_model(root / "tiny")
+    rng = np.random.default_rng(0)
+    labels = np.repeat(list(REAL_CELLS), list(REAL_CELLS.values()))
+    counts = rng.poisson(2.0, size=(len(labels), len(GENES))).astype(np.float32)
+    real = ad.AnnData(
+        X=counts,
+        obs=pd.DataFrame({"perturbation": labels}, index=[f"c{i}" for i in range(len(labels))]),
+        var=pd.DataFrame(index=GENES),
+    )
+    real.write_h5ad(root / "real.h5ad")
+    out = root / "report"
+    argv = ["evaluate", "--perturbation", "--model", str(model), "--real", str(root / "real.h5ad")]
+    argv += ["--control-label", "ctrl", "--steps", "2", "--max-cells", str(MAX_CELLS)]
+    argv += ["--n-pcs", "4", "--precision", "fp32", "--device", "cpu", "--out-dir", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def test_label_counts_match_the_real_cells_up_to_the_cap():
+    assert label_counts(["a", "b", "a", "a"], 2) == {"a": 2, "b": 1}
+    assert label_counts(["a", "b", "a"], None) == {"a": 2, "b": 1}
+
+
+def test_model_generates_one_cell_per_held_out_cell_capped(run_dir: Path):
+    cells = ad.read_h5ad(run_dir / "generated_cells.h5ad")
+    made = cells.obs["condition"].astype(str).value_counts().to_dict()
+    assert made == {"ctrl": 8, "KRAS": 8, "TP53": 7}
+    assert list(cells.var_names) == GENES
+    assert cells.uns["sedd"]["steps"] == 2
+
+
+def test_unknown_label_is_skipped_and_listed_in_the_summary(run_dir: Path):
+    summary = json.loads((run_dir / "summary_metrics.json").read_text())
+    assert summary["skipped"]["NOVEL"] == UNKNOWN_REASON
+    assert summary["inputs"]["unknown_to_model"] == ["NOVEL"]
+    assert summary["n_perturbations"] == 2  # KRAS and TP53 scored
+    per_pert = json.loads((run_dir / "per_pert_metrics.json").read_text())
+    assert set(per_pert["perturbations"]) == {"KRAS", "TP53"}
+    assert per_pert["perturbations"]["KRAS"]["model"]["w2"] > 0.0
