@@ -93,7 +93,9 @@ def generate_for_real(
             f"whose perturbation column uses the model's labels (e.g. {model.conditions[:3]})."
         )
     # the label mix as an obs-only AnnData: Model.generate(like=...) copies it
-    like = ad.AnnData(obs=pd.DataFrame({GENERATED_KEY: np.repeat(list(mix), list(mix.values()))}))
+    labels = np.repeat(list(mix), list(mix.values()))
+    obs = pd.DataFrame({GENERATED_KEY: labels}, index=[str(i) for i in range(len(labels))])
+    like = ad.AnnData(obs=obs)
     console.print(f"generating {sum(mix.values())} cells for {len(mix)} labels with {model} ...")
     cells = model.generate(
         like=like, condition_key=GENERATED_KEY, steps=args.steps, seed=args.seed, progress=False

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from sedd.eval.gene_metrics import as_count_matrix
     from sedd.eval.perturbation import PerturbationOptions, evaluate_perturbations
     from sedd.eval.perturbation_files import write_report_files
+    from sedd.eval.perturbation_plots import LFC_PLOT, write_lfc_scatter
     from sedd.io.files import write_json_atomic
 
     console = Console(width=max(Console().width, 120))
@@ -141,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"skipped: {report.skipped}", highlight=False)
     for path in write_report_files(report, out_dir, inputs):
         console.print(f"wrote {path}")
+    if (plot := write_lfc_scatter(report.de_rows, out_dir / LFC_PLOT)) is not None:
+        console.print(f"wrote {plot}")
     if args.cell_eval:
         from sedd.eval.gene_metrics import log_normalize
         from sedd.eval.perturbation_celleval import cell_eval_metrics

@@ -31,6 +31,9 @@ from sedd.io.guarded_file import GuardedFile
 from sedd.io.read import as_counts, require_unique
 
 CountDtype = Literal["int", "float32"]
+# The scale of every matrix sedd writes (.X and the mean-of-draws layer): raw counts, never
+# normalised; the evaluation reports say "log1p_cp10k" where they normalise.
+COUNT_SCALE = "counts"
 
 
 def cells_anndata(
@@ -138,8 +141,9 @@ def provenance_uns(
 ) -> dict[str, Any]:
     """The provenance to pass as ``uns``: ``{"sedd": {...}}``.
 
-    Holds the sampler settings, the precision record (docs/precision.md rule 8), the checkpoint
-    hash, timings, package versions and a UTC timestamp. No hostname or user is stored.
+    Holds the scale of the values (``"scale": "counts"``), the sampler settings, the precision
+    record (docs/precision.md rule 8), the checkpoint hash, timings, package versions and a UTC
+    timestamp. No hostname or user is stored.
     ``extra`` adds keys (it may not overwrite the ones above).
     """
     if isinstance(steps, bool) or not isinstance(steps, int | np.integer) or steps < 1:
@@ -161,6 +165,8 @@ def provenance_uns(
         },
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "tokens": "count c is token c (0..num_bins-1); the mask (num_bins) is never a count",
+        # what .X holds, said outright: tools that guess (cell-eval) may take counts for log1p
+        "scale": COUNT_SCALE,
     }
     for key, value in (extra or {}).items():
         if key in record:

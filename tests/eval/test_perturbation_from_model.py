@@ -14,6 +14,7 @@ from server_models import GENES, save_tiny_model
 
 from sedd.cli import main
 from sedd.commands.evaluate_model_cells import UNKNOWN_REASON, label_counts
+from sedd.eval.perturbation_plots import most_significant, write_lfc_scatter
 
 # held-out real cells per label; "NOVEL" is a label the tiny model was not trained on
 REAL_CELLS = {"ctrl": 12, "KRAS": 10, "TP53": 7, "NOVEL": 6}
@@ -52,6 +53,7 @@ def test_model_generates_one_cell_per_held_out_cell_capped(run_dir: Path):
     assert made == {"ctrl": 8, "KRAS": 8, "TP53": 7}
     assert list(cells.var_names) == GENES
     assert cells.uns["sedd"]["steps"] == 2
+    assert cells.uns["sedd"]["scale"] == "counts"
 
 
 def test_unknown_label_is_skipped_and_listed_in_the_summary(run_dir: Path):
@@ -62,3 +64,17 @@ def test_unknown_label_is_skipped_and_listed_in_the_summary(run_dir: Path):
     per_pert = json.loads((run_dir / "per_pert_metrics.json").read_text())
     assert set(per_pert["perturbations"]) == {"KRAS", "TP53"}
     assert per_pert["perturbations"]["KRAS"]["model"]["w2"] > 0.0
+
+
+def test_lfc_scatter_draws_the_perturbations_with_most_significant_genes(tmp_path: Path):
+    def row(pert: str, gene: int, significant: bool) -> dict:
+        lfc = float(gene - 2)
+        return {"perturbation": pert, "gene": f"g{gene}", "significant": significant,
+                "lfc_real": lfc, "lfc_model": 0.5 * lfc, "lfc_cell_mean_baseline": 0.0}  # fmt: skip
+
+    rows = [row("A", g, g < 4) for g in range(5)] + [row("B", g, g < 1) for g in range(5)]
+    rows += [row("C", g, g < 3) for g in range(5)]
+    assert most_significant(rows, 2) == ["A", "C"]
+    path = write_lfc_scatter(rows, tmp_path / "lfc.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
+    assert write_lfc_scatter([row("A", 0, False)], tmp_path / "none.png") is None
