@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import anndata
     import numpy as np
 
+    from sedd.eval.count_table import CountTableRow
     from sedd.eval.perturbation import PerturbationReport
 
 # Perturbation columns looked for when no key is given, first present wins.
@@ -65,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sedd.eval.count_table import count_table, count_table_json
     from sedd.eval.gene_metrics import as_count_matrix
     from sedd.eval.perturbation import PerturbationOptions, evaluate_perturbations
     from sedd.eval.perturbation_files import write_report_files
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     )
     real_counts = as_count_matrix(real[:, genes].X, f"--real {args.real}")
     gen_counts = as_count_matrix(gen[:, genes].X, f"generated cells {generated}")
+    train_counts = None if rest is None else as_count_matrix(rest[:, genes].X, "PCA-fit cells")
     report = evaluate_perturbations(
         real_counts,
         real.obs[real_key].astype(str).to_numpy(),
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         gen.obs[gen_key].astype(str).to_numpy(),
         genes,
         options,
-        pca_fit_counts=None if rest is None else as_count_matrix(rest[:, genes].X, "PCA-fit cells"),
+        pca_fit_counts=train_counts,
     )
     report.skipped.update({label: UNKNOWN_REASON for label in unknown})
     inputs = {
@@ -144,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"wrote {path}")
     if (plot := write_lfc_scatter(report.de_rows, out_dir / LFC_PLOT)) is not None:
         console.print(f"wrote {plot}")
+    table = count_table(gen_counts, real_counts, train_counts, seed=args.seed)
+    console.print(_count_table(table))
+    write_json_atomic(out_dir / "count_table.json", {"inputs": inputs, **count_table_json(table)})
+    console.print(f"wrote {out_dir / 'count_table.json'}")
     if args.cell_eval:
         from sedd.eval.gene_metrics import log_normalize
         from sedd.eval.perturbation_celleval import cell_eval_metrics
@@ -247,6 +254,21 @@ def _summary_table(report: PerturbationReport) -> Table:
     for metric, values in summary["metrics"].items():
         table.add_row(metric, *(_cell(values[m]) for m in METHODS), f"{values['ideal']:g}")
     return table
+
+
+def _count_table(table: dict[str, CountTableRow]) -> Table:
+    from sedd.eval.count_table import PAIR_GENES
+
+    out = Table(
+        title=f"count-level table (raw counts; KS vs held-out real cells; gene pairs over the "
+        f"{PAIR_GENES} most variable genes; train cells subsampled to the generated number)"
+    )
+    for column in ("statistic", "generated", "train (real)"):
+        out.add_column(column, justify="left" if column == "statistic" else "right")
+    for name, row in table.items():
+        train = "-" if row.train_vs_held_out is None else f"{row.train_vs_held_out:.3f}"
+        out.add_row(name, f"{row.generated_vs_held_out:.3f}", train)
+    return out
 
 
 def _cell_eval_table(summary: dict[str, Any]) -> Table:

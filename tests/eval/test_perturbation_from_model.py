@@ -64,6 +64,10 @@ def test_unknown_label_is_skipped_and_listed_in_the_summary(run_dir: Path):
     per_pert = json.loads((run_dir / "per_pert_metrics.json").read_text())
     assert set(per_pert["perturbations"]) == {"KRAS", "TP53"}
     assert per_pert["perturbations"]["KRAS"]["model"]["w2"] > 0.0
+    table = json.loads((run_dir / "count_table.json").read_text())
+    assert (
+        table["scale"] == "counts" and table["statistics"]["gene_mean"]["train_vs_held_out"] is None
+    )
 
 
 def test_lfc_scatter_draws_the_perturbations_with_most_significant_genes(tmp_path: Path):
