@@ -187,7 +187,10 @@ for name in "${STEPS[@]}"; do selected "$name" && total=$((total + $(budget_of "
 echo "gpu_check ($MODE): results in $OUT; the selected steps take at most ${total} s"
 
 if [[ $EMULATED == 0 ]]; then
-  step cuda_lane env SEDD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE "${lane_tests[@]}"
+  # four workers (pytest-xdist, as the README's suite): ~630 tests in the 200 s budget; each
+  # worker holds its own CUDA context, well within one GPU's memory
+  step cuda_lane env SEDD_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider -rfE -n 4 \
+    "${lane_tests[@]}"
   step compare_cells "$PY" scripts/gpu_compare_cells.py --out "$OUT/compare_cells.json"
   step bench_bundled_shape "$PY" -m sedd.cli bench --device cuda --shapes 128/4/4 \
     --num-genes 765 --num-bins 260 --batch-sizes 171 --out "$OUT/bench_bundled_shape.json"

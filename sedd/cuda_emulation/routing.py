@@ -138,6 +138,7 @@ class DeviceRouting(TorchFunctionMode):
         """Run ``make`` (a backing-device computation) and wrap what it returns on
         ``cuda:index``; during a capture by this thread it is recorded for replay."""
         emulator = self.emulator
+        emulator.count_launch("a tensor made on the device")
         capture = emulator.capture
         if capture is not None:
             capture.check_launch(emulator, index)

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from sedd.cuda_emulation.attention import flash_eligibility
+from sedd.cuda_emulation.host_copies import PendingHostTensor
 from sedd.cuda_emulation.tensor import EmulatedCudaTensor, unwrap_all, wrap_all
 
 aten = torch.ops.aten
@@ -98,32 +100,6 @@ def _site() -> str:
     return "?"
 
 
-def flash_eligibility(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    **_: Any,
-) -> str:
-    """Whether CUDA's flash attention kernel takes these inputs: "flash", else the first reason
-    it would not (fp16/bf16 only, head size a multiple of 8 up to 256, no mask, q/k/v alike)."""
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"dtype {q.dtype} (flash needs fp16/bf16)"
-    if len({q.dtype, k.dtype, v.dtype}) > 1:
-        return "q, k and v differ in dtype"
-    head = q.shape[-1]
-    if head % 8 or head > 256 or k.shape[-1] != head or v.shape[-1] != head:
-        return f"head size {head} (flash needs a multiple of 8, at most 256, alike in q/k/v)"
-    if attn_mask is not None:
-        return "an attention mask"
-    if q.dim() != 4:
-        return f"{q.dim()}-d inputs (flash takes (B, heads, L, d))"
-    return "flash"
-
-
 @dataclass
 class Emulator:
     """The state of an emulated CUDA runtime (built by ``sedd.cuda_emulation.emulate_cuda``)."""
@@ -139,6 +115,7 @@ class Emulator:
     capture: Any = None  # the graph being captured (sedd.cuda_emulation.graphs), if any
     observers: list[Any] = field(default_factory=list)  # called as fn(func, args, kwargs, out)
     attention: list[str] = field(default_factory=list)  # per SDPA call: "flash" or why not
+    host_epoch: int = 0  # host syncs that land pending copies (sedd.cuda_emulation.host_copies)
 
     def __post_init__(self) -> None:
         self.allocated = [0] * len(self.devices)
@@ -253,6 +230,7 @@ class Emulator:
         record = Sync(kind, op, thread.name, thread.ident or 0, _site())
         with self._lock:
             self.syncs.append(record)
+            self.host_epoch += kind != "host_to_device"  # the host waited for the device
         capture = self.capture
         if capture is not None and (capture.mode == "global" or capture.thread == thread.ident):
             raise EmulatedCudaError(
@@ -270,18 +248,24 @@ class Emulator:
 
     # ---- one op ------------------------------------------------------------------------------
 
+    def count_launch(self, what: str) -> int:
+        """Count one launch (an op, or a factory or upload made on the device) on this thread;
+        its id."""
+        thread = threading.get_ident()
+        with self._lock:
+            self.ops_by_thread[thread] += 1
+            if thread not in self.op_sites:
+                self.op_sites[thread] = f"{what} at {_site()}"
+        return thread
+
     def run_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
         leaves, _ = tree_flatten((args, kwargs))
         emulated = [t for t in leaves if isinstance(t, EmulatedCudaTensor)]
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         plain = [t for t in tensors if not isinstance(t, EmulatedCudaTensor)]
-        thread = threading.get_ident()
-        with self._lock:
-            self.ops_by_thread[thread] += 1
-            if thread not in self.op_sites:
-                self.op_sites[thread] = f"{func} at {_site()}"
+        thread = self.count_launch(str(func))
         packet = func.overloadpacket
-        index = self._op_device(func, kwargs, emulated, plain)
+        index = self._op_device(func, args, kwargs, emulated, plain)
         kind = self._sync_kind(packet, func, args, kwargs, emulated, plain)
         if kind is not None:
             self.sync(kind, str(func))
@@ -295,9 +279,13 @@ class Emulator:
             self.capture.record(self, func, args, kwargs, wrapped)
         for observer in self.observers:
             observer(func, args, kwargs, wrapped)
+        if packet is aten._to_copy and kind is None and index is None and emulated:
+            return PendingHostTensor.of(wrapped, self)  # a non-blocking readback, under way
         return wrapped
 
-    def _op_device(self, func: Any, kwargs: dict, emulated: list, plain: list) -> int | None:
+    def _op_device(
+        self, func: Any, args: tuple, kwargs: dict, emulated: list, plain: list
+    ) -> int | None:
         """The CUDA device the op runs on; raises on a mix a GPU refuses."""
         target = kwargs.get("device")
         indices = {t.device.index for t in emulated}
@@ -315,6 +303,11 @@ class Emulator:
             raise RuntimeError(
                 "Expected all tensors to be on the same device, but found at least two "
                 f"devices, cuda:{a} and cuda:{b}!"
+            )
+        if packet in _INDEXING and not isinstance(args[0], EmulatedCudaTensor):
+            raise RuntimeError(  # cpu_tensor[cuda_index]: a GPU indexes on the indexed device
+                "indices should be either on cpu or on the same device as the indexed tensor "
+                f"(cpu) (op {func}, emulated)"
             )
         mixed = [t for t in plain if t.device.type == "cpu" and t.dim() > 0]
         if mixed and packet not in _INDEXING:
@@ -350,8 +343,8 @@ class Emulator:
             target = kwargs.get("device")
             source = args[0]
             to_host = target is not None and torch.device(target).type == "cpu"
-            if isinstance(source, EmulatedCudaTensor):
-                return "device_to_host" if to_host else None
+            if isinstance(source, EmulatedCudaTensor):  # non-blocking: a PendingHostTensor
+                return "device_to_host" if to_host and not kwargs.get("non_blocking") else None
             return self._upload_kind(source, kwargs.get("non_blocking", False))
         dest, source = args[0], args[1]
         blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))

@@ -47,6 +47,9 @@ class EmulatedCudaTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     def __repr__(self, *, tensor_contents: object = None) -> str:  # type: ignore[override]
+        # printing or formatting a CUDA tensor copies its values to the host first: a sync
+        if _ACTIVE:  # (a tensor kept past its emulation prints without counting)
+            _ACTIVE[0].sync("device_to_host", "Tensor.__repr__ (print, f-string, logging)")
         return f"EmulatedCudaTensor(device='{self.device}', backing={self.backing!r})"
 
     def __reduce_ex__(self, protocol: Any) -> Any:  # pickled (e.g. torch.save): as a GPU would

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -68,11 +68,20 @@ class GraphedSteps:
         self._graphs: dict[tuple[object, ...], _Captured] = {}
         self._pool: Any = None
 
+    @staticmethod
+    def key(
+        values: Sequence[torch.Tensor | None], branches: StepBranches, amp: bool
+    ) -> tuple[object, ...]:
+        """What a captured graph is kept under: every input that changes what the step computes
+        (each branch flag, autocast, each row tensor's shape and dtype). A flag left out would
+        replay one branch's capture for rows of another (tests/engine/test_lane_catches.py)."""
+        return (branches, amp, *(None if v is None else (tuple(v.shape), v.dtype) for v in values))
+
     def run(self, rows: StepRows, branches: StepBranches, amp: bool) -> BlockResult:
         if not self.enabled:
             return self.step(rows, branches, amp)
         values = rows.tensors()
-        key = (branches, amp, *(None if v is None else (tuple(v.shape), v.dtype) for v in values))
+        key = self.key(values, branches, amp)
         captured = self._graphs.get(key)
         if captured is None:
             try:

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from devices import needs_emulator
 from server_client import make_settings, served
 from server_models import save_tiny_model
+
+from server import intake
 
 pytestmark = [pytest.mark.anyio, needs_emulator]
 
@@ -24,6 +27,27 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def test_requests_make_no_cuda_call_on_the_event_loop_thread(model_dir: Path, emulator):
+    await _no_cuda_work_on_the_loop(model_dir, emulator)
+
+
+async def test_a_launch_on_the_event_loop_that_does_not_sync_fails_the_lane(
+    model_dir: Path, emulator, monkeypatch: pytest.MonkeyPatch
+):
+    """A planted bug (issue 45, item 4): a tensor made on the device while a request is planned
+    on the loop. It does not sync, but on a GPU it queues behind the engine's work and holds the
+    loop meanwhile; the lane counts it as a launch on the loop's thread."""
+    plan_body = intake.plan_body
+
+    def launching(*args, **kwargs):
+        torch.zeros(1, device="cuda")  # e.g. labels made on the device by the route
+        return plan_body(*args, **kwargs)
+
+    monkeypatch.setattr(intake, "plan_body", launching)
+    with pytest.raises(AssertionError, match="CUDA work on the event loop thread"):
+        await _no_cuda_work_on_the_loop(model_dir, emulator)
+
+
+async def _no_cuda_work_on_the_loop(model_dir: Path, emulator) -> None:
     loop_thread = threading.get_ident()
     async with served(make_settings(model_dir, device="cuda")) as (client, app):
         assert app.state.service.loaded.device.type == "cuda"
