@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write the perturbation report instead: per perturbation W2 / MMD^2 / Frechet on "
         f"PCs (default {DEFAULT_PCS}), LFC recovery over significant genes and a rank across "
         "perturbations, each beside a cell-mean baseline and a split-half ceiling, at equal "
-        "cell numbers (--max-cells caps each side); per_pert_metrics.json/.csv, "
-        "summary_metrics.json and de_tables.csv in --out-dir",
+        "cell numbers (--max-cells caps each side), and a count-level KS table; "
+        "per_pert_metrics.json/.csv, summary_metrics.json, de_tables.csv, count_table.json and "
+        "lfc_scatter.png in --out-dir",
     )
     group.add_argument(
         "--control-label",
@@ -260,8 +261,9 @@ def _count_table(table: dict[str, CountTableRow]) -> Table:
     from sedd.eval.count_table import PAIR_GENES
 
     out = Table(
-        title=f"count-level table (raw counts; KS vs held-out real cells; gene pairs over the "
-        f"{PAIR_GENES} most variable genes; train cells subsampled to the generated number)"
+        title="count-level table, KS to held-out cells",
+        caption=f"raw counts; gene pairs over the {PAIR_GENES} most variable genes; train cells "
+        "subsampled to equal numbers",
     )
     for column in ("statistic", "generated", "train (real)"):
         out.add_column(column, justify="left" if column == "statistic" else "right")

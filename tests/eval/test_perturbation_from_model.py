@@ -82,3 +82,9 @@ def test_lfc_scatter_draws_the_perturbations_with_most_significant_genes(tmp_pat
     path = write_lfc_scatter(rows, tmp_path / "lfc.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert write_lfc_scatter([row("A", 0, False)], tmp_path / "none.png") is None
+
+
+def test_the_report_needs_generated_cells_or_a_model(tmp_path: Path, capsys):
+    argv = ["evaluate", "--perturbation", "--real", str(tmp_path / "real.h5ad")]
+    assert main(argv) == 2
+    assert "--generated FILE (cells to judge) or --model PATH" in capsys.readouterr().err
