@@ -95,12 +95,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     field, then the run's own options (precision, batch size, forward block, device)."""
     for option in fields(SamplingOptions):
         add_option_argument(p, option)
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="autocast dtype of the model forward (auto: bf16 where it is fast)",
-    )
+    add_precision_argument(p)
     p.add_argument(
         "--batch-size",
         type=int,
@@ -124,6 +119,16 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_cuda_graphs_argument(p)
     p.add_argument("--cell-type", help="condition every cell on this cell type")
+
+
+def add_precision_argument(
+    p: argparse.ArgumentParser | argparse._ArgumentGroup,
+    help: str = "autocast dtype of the model forward (auto: bf16 where it is fast)",
+    default: str = "auto",
+) -> None:
+    """``--precision``: the autocast dtype of the model forward, one choice for every command."""
+    p.add_argument("--precision", default=default, choices=["auto", "bf16", "fp16", "fp32"],
+                   help=help)  # fmt: skip
 
 
 def add_cuda_graphs_argument(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sedd.commands.args import add_cuda_graphs_argument
+from sedd.commands.args import add_cuda_graphs_argument, add_precision_argument
 from sedd.commands.roofline import add_arguments as add_roofline_arguments
 
 if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
@@ -81,12 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="labelled counts with a split column (train/test) in the model's genes "
         "(default: the bundled PBMC counts)",
     )
-    c.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="autocast dtype of both arms (auto: bf16 where it is native)",
-    )
+    add_precision_argument(c, "autocast dtype of both arms (auto: bf16 where it is native)")
     c.add_argument("--seed", type=int, default=0, help="chunk k uses seed * 1000 + k")
     c.add_argument("--chunks", type=int, default=5, help="alternations of the two arms")
     o = p.add_argument_group("--overhead: host work per engine step, rows in flight in one block")

@@ -13,7 +13,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from sedd.commands.args import add_model_arguments
+from sedd.commands.args import add_model_arguments, add_precision_argument
 from sedd.defaults import BUNDLED_DATA
 
 
@@ -52,12 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: entropy at 8:0, 16:80, 16:110, 16:60, 16:65, 16:70 and euler at 8, 10, 20 "
         "and 30 steps)",
     )
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="autocast dtype of the model forward",
-    )
+    add_precision_argument(p, "autocast dtype of the model forward")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if any)")
     p.add_argument(
         "--work",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sedd.commands.args import add_model_arguments, add_option_argument
+from sedd.commands.args import add_model_arguments, add_option_argument, add_precision_argument
 from sedd.defaults import SamplingOptions
 
 if TYPE_CHECKING:
@@ -38,11 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     steps = next(option for option in fields(SamplingOptions) if option.name == "steps")
     add_option_argument(p, steps)
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="with --model: autocast dtype of the model forward (auto: bf16 where it is fast)",
+    add_precision_argument(
+        p, "with --model: autocast dtype of the model forward (auto: bf16 where it is fast)"
     )
     p.add_argument(
         "--device", default=None, help="with --model: cpu, cuda, ... (default: cuda if any)"

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sedd.commands.args import add_source_options
+from sedd.commands.args import add_precision_argument, add_source_options
 
 if TYPE_CHECKING:  # the parser is built for `sedd --help`: the work is imported when it runs
     from rich.console import Console
@@ -25,12 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("ckpt", metavar="CKPT", help="any supported model source")
     add_source_options(p)
-    p.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="the policy to probe against fp32 (default bf16)",
-    )
+    add_precision_argument(p, "the policy to probe against fp32 (default bf16)", default="bf16")
     p.add_argument("--data", type=Path, help="h5ad of integer counts for clean tokens")
     p.add_argument(
         "--label-key", help="obs column of --data holding perturbation names (else random labels)"

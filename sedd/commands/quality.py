@@ -19,7 +19,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sedd.commands.args import add_model_arguments, add_option_argument, add_progress_argument
+from sedd.commands.args import (
+    add_model_arguments,
+    add_option_argument,
+    add_precision_argument,
+    add_progress_argument,
+)
 from sedd.defaults import BUNDLED_DATA, OPTION_NAMES, SCHEDULE_FIELDS, SamplingOptions
 
 if TYPE_CHECKING:
@@ -92,12 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0,
         help="random state of the PCA, clustering, UMAP and --max-cells subset",
     )
-    p.add_argument(
-        "--precision",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "fp32"],
-        help="autocast dtype of the model forward",
-    )
+    add_precision_argument(p, "autocast dtype of the model forward")
     p.add_argument("--batch-size", type=int, default=64, help="cells in flight at once")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if any)")
     p.add_argument(

@@ -347,3 +347,23 @@ def test_cell_writer_leaves_nothing_behind_on_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="counts must be"), out.CellWriter(path, ["a", "b"]) as w:
         w.add(np.ones((2, 3), dtype=np.int64))  # 3 genes for a 2-gene writer
     assert list(tmp_path.iterdir()) == []
+
+
+def test_written_cells_record_the_counts_scale(tmp_path: Path) -> None:
+    """Every .h5ad sedd writes says its scale (issue 47, item 4): no reader guesses whether
+    ``.X`` holds counts or log1p values."""
+    from sedd.io.write import COUNT_SCALE
+
+    counts = np.array([[0, 1, 2, 0, 1], [3, 0, 1, 0, 0]])
+    path = write_cells_h5ad(tmp_path / "x.h5ad", counts, GENES, {"label": ["p", "q"]}, provenance())
+    assert anndata.read_h5ad(path).uns["sedd"]["scale"] == COUNT_SCALE == "counts"
+
+
+def test_cells_written_batch_by_batch_record_the_counts_scale(tmp_path: Path) -> None:
+    import sedd.io.cell_writer as out
+
+    path = tmp_path / "y.h5ad"
+    with out.CellWriter(path, GENES) as writer:
+        writer.add(np.array([[1, 0, 2, 0, 0]]))
+        writer.finish({"label": ["p"]}, provenance())
+    assert anndata.read_h5ad(path).uns["sedd"]["scale"] == "counts"
