@@ -47,6 +47,10 @@ class ResponseMetadata(BaseModel):
         description="genes a cell drew from the mask per forward, on average"
     )
     checkpoint_sha256: str
+    scale: Literal["counts"] = Field(
+        default="counts",
+        description="what `counts` (and any mean layer) hold: raw counts, never log1p-CP10k",
+    )
     engine: EngineRecord = Field(
         description="what the server's engine ran: rows and tokens of every model forward (its "
         "fixed shape, which decides the cells) and the most rows a tick steps"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         )
     # Heavy imports here, so other sub-commands don't pay for them.
     from sedd.eval.label_mix import compare_label_mixes
-    from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays
+    from sedd.eval.metrics import METRIC_SCALES, as_count_matrix, evaluate_counts_with_arrays
     from sedd.eval.plots import write_evaluation_plots
 
     console = Console(width=max(Console().width, 160))
@@ -168,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         else None,
     )
     inputs = _inputs(args, n_real_file, real, gen, len(genes), real_key, gen_key)
-    result = {"inputs": inputs, **result}
+    result = {"inputs": inputs, "scale": METRIC_SCALES, **result}
     if real_key and gen_key:
         mix = compare_label_mixes(real.obs[real_key], gen.obs[gen_key])
         result["label_mix"] = mix.as_dict()
@@ -250,12 +249,14 @@ def _report(
     write_plots: Any,
 ) -> None:
     """Print the tables, write metrics.json and the plots."""
+    from sedd.io.files import write_json_atomic
+
     console.print(_overall_table(result["overall"]))
     if result["per_condition"]:
         console.print(_condition_table(result["per_condition"]))
     out_dir = _out_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+    write_json_atomic(out_dir / "metrics.json", result)
     console.print(f"wrote {out_dir / 'metrics.json'}")
     if arrays is None:
         console.print(f"no plots: {result['overall'].get('skipped')}")

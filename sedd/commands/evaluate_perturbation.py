@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         f"PCs (default {DEFAULT_PCS}), LFC recovery over significant genes and a rank across "
         "perturbations, each beside a cell-mean baseline and a split-half ceiling, at equal "
         "cell numbers (--max-cells caps each side), and a count-level KS table; "
-        "per_pert_metrics.json/.csv, summary_metrics.json, de_tables.csv, count_table.json and "
-        "lfc_scatter.png in --out-dir",
+        "per_pert_metrics.json/.csv, summary_metrics.json, de_tables.csv, count_table.json, "
+        "st3's generation_metrics_* files and lfc_scatter.png in --out-dir",
     )
     group.add_argument(
         "--control-label",
@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"wrote {path}")
     if (plot := write_lfc_scatter(report.de_rows, out_dir / LFC_PLOT)) is not None:
         console.print(f"wrote {plot}")
+    _write_st3_files(console, real[:, genes], gen[:, genes], (real_key, gen_key), out_dir)
     table = count_table(gen_counts, real_counts, train_counts, seed=args.seed)
     console.print(_count_table(table))
     write_json_atomic(out_dir / "count_table.json", {"inputs": inputs, **count_table_json(table)})
@@ -170,6 +171,27 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"cell-eval: {name} unavailable: {why}", highlight=False)
         console.print(f"wrote {out_dir / 'cell_eval_metrics.json'}")
     return 0
+
+
+def _write_st3_files(
+    console: Console,
+    real: anndata.AnnData,
+    gen: anndata.AnnData,
+    keys: tuple[str, str],
+    out_dir: Path,
+) -> None:
+    """st3's ``generation_metrics_*`` files on the same cells and genes, counts as stored (st3's
+    schema, so no scale key inside: the report's other files record it)."""
+    from sedd.eval.st3_metrics import MMD_NOISE_NOTE, compute_st3_metrics
+
+    try:
+        metrics = compute_st3_metrics(real, gen, real_key=keys[0], generated_key=keys[1])
+    except ValueError as err:
+        console.print(f"st3's generation_metrics files not written: {err}", highlight=False)
+        return
+    for path in metrics.write(out_dir):
+        console.print(f"wrote {path}")
+    console.print(MMD_NOISE_NOTE, highlight=False)
 
 
 def _default_out_dir(args: argparse.Namespace) -> Path:

@@ -19,6 +19,7 @@ from sedd.engine import EngineSettings
 from sedd.engine.offline import ProgressHook
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
+from sedd.io.write import COUNT_SCALE
 from sedd.precision import PrecisionPolicy, resolve_precision
 from sedd.request.draws import MEAN_LAYER
 from sedd.request.imputation import Imputation
@@ -208,6 +209,7 @@ def finish(
     """
     summary = {
         "output": str(out),
+        "scale": COUNT_SCALE,  # what the output file's .X holds
         **stats,
         "precision": precision.record(int(stats.get("fp32_fallbacks") or 0)),
     }

@@ -159,7 +159,7 @@ def test_the_cli_summary_counts_the_model_calls(
     ]  # fmt: skip
     assert sedd_main(argv) == 0
     metrics = json.loads(out.with_suffix(".metrics.json").read_text())
-    assert metrics["forwards"] == len(calls)
+    assert metrics["forwards"] == len(calls) and metrics["scale"] == "counts"
     assert set(calls) == {2}  # every call is one block of 2 rows (the 24-token budget)
     # 6 cells in 3 blocks: at most 10 steps + the denoise each; a 12-gene cell is often fully
     # unmasked before its denoise, and then leaves (its block's other row goes on alone)

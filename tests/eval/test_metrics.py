@@ -226,7 +226,9 @@ def test_cli_writes_metrics_json_and_three_plots(tmp_path):
     assert args.func(args) == 0
 
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    assert set(metrics) == {"inputs", "overall", "per_condition", "params", "label_mix"}
+    assert set(metrics) == {"inputs", "scale", "overall", "per_condition", "params", "label_mix"}
+    assert metrics["scale"]["input"] == "counts"  # stated, so no reader guesses
+    assert metrics["scale"]["gene_means_correlations_and_pcs"] == "log1p_cp10k"
     assert metrics["label_mix"]["real"] == {"ctrl": 30, "stim": 30}
     assert metrics["label_mix"]["total_variation"] == 0.0 and metrics["label_mix"]["matched"]
     assert metrics["inputs"]["genes_shared"] == N_GENES - 1

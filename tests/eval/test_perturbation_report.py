@@ -200,3 +200,19 @@ def test_sedd_evaluate_perturbation_writes_the_report_on_the_held_out_split(tmp_
     assert summary["metrics"]["lfc_pearson"]["model"]["mean"] == pytest.approx(
         mean(RIGHT, "lfc_pearson")
     )
+    # st3's generation_metrics files sit beside the report, on the held-out cells' counts.
+    import anndata as ad
+
+    from sedd.eval.st3_metrics import compute_st3_metrics
+
+    held = ad.read_h5ad(tmp_path / "real.h5ad")
+    held = held[held.obs["split"] == "test"]
+    expected = compute_st3_metrics(
+        held, ad.read_h5ad(tmp_path / "gen.h5ad"), real_key="perturbation"
+    )
+    written = json.loads(
+        (tmp_path / "out" / "generation_metrics_per_perturbation.json").read_text()
+    )
+    assert written == json.loads(json.dumps(expected.per_perturbation))
+    assert len(written) == len(set(SCREEN.real.labels.astype(str)))
+    assert (tmp_path / "out" / "generation_metrics_aggregate.json").is_file()

@@ -164,7 +164,7 @@ async def test_generate_equals_a_solo_library_run_and_reports_metadata(model_dir
     }
     assert meta["precision"]["amp_dtype"] == "fp32" and meta["precision"]["fp32_fallbacks"] == 0
     assert meta["queue_seconds"] >= 0 and meta["compute_seconds"] > 0
-    assert len(meta["checkpoint_sha256"]) == 64
+    assert len(meta["checkpoint_sha256"]) == 64 and meta["scale"] == "counts"
     # what a cell cost: 3 cells in one block a step, up to 6 steps each, all 12 genes drawn
     assert 1 <= meta["forwards_per_cell"] <= 6 and meta["entropy_bound"] is None
     assert meta["genes_per_forward"] == pytest.approx(12 / meta["forwards_per_cell"])
