@@ -95,11 +95,13 @@ class Engine:
         observer: EngineObserver | None = None,
         forward_cost_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wake: threading.Condition | None = None,
     ) -> None:
         """``forward_cost_s``: price admission and Retry-After at this many seconds a forward
         (a block) instead of the measured time, so they do not follow the machine's load (a
         shared node; tests). ``clock``: the monotonic clock of deadlines, queue waits and tick
-        times (``time.monotonic``; a test may pass one it moves itself)."""
+        times (``time.monotonic``; a test may pass one it moves itself). ``wake``: a condition
+        shared with other engines that one thread ticks (``sedd.engine.group.EngineGroup``)."""
         in_flight = max_rows_per_forward if max_rows_in_flight is None else max_rows_in_flight
         for name, value in (("max_rows_per_forward", max_rows_per_forward),
                             ("max_queued_jobs", max_queued_jobs),
@@ -112,7 +114,11 @@ class Engine:
         if forward_cost_s is not None and not forward_cost_s > 0:
             raise ValueError(f"`forward_cost_s` must be > 0 (or None), got {forward_cost_s}.")
         self.clock, self.forward_cost_s = clock, forward_cost_s
-        self._queue = JobQueue(max_queued_jobs, clock)  # waiting and in-flight jobs, their lock
+        self._queue = JobQueue(max_queued_jobs, clock, wake)  # waiting and in-flight jobs, lock
+        # Wall seconds of this engine's tick per its own busy seconds: more than 1 when other
+        # engines' ticks run between its own (an ``EngineGroup`` sets it); prices admission.
+        self.contention: Callable[[], float] = lambda: 1.0
+        self.last_busy_tick_s: float | None = None  # the last tick that stepped rows, in seconds
         self._thread: threading.Thread | None = None
         self.forward_seconds: float | None = forward_cost_s  # one forward (a block), ``_time``
         self._forwards: deque[float] = deque(maxlen=9)
@@ -128,7 +134,7 @@ class Engine:
         ``on_progress`` is called on the engine thread after every step of the job: keep it short
         (e.g. ``loop.call_soon_threadsafe``).
         """
-        validate_job(job, self.limits, self.sampler.graph)
+        validate_job(job, self.limits, self.sampler.graph, self.sampler.denoise_mode)
         return self._queue.put(job, on_progress, self._retry_after)
 
     # ---- one step boundary -----------------------------------------------------------------
@@ -155,7 +161,8 @@ class Engine:
         if blocks:
             calls = self._stepper.model_calls
             self._stepper.step(blocks)
-            self._time(time.perf_counter() - began, self._stepper.model_calls - calls)
+            self.last_busy_tick_s = time.perf_counter() - began
+            self._time(self.last_busy_tick_s, self._stepper.model_calls - calls)
         # Timed before any job is handed back: whoever a result wakes (the server's warm-up)
         # finds this tick counted, and no time of it is written afterwards.
         self.last_tick_monotonic = self.clock()
@@ -215,8 +222,9 @@ class Engine:
         now = self.clock()
         started = st.started if st.started is not None else now
         drawn = st.to_draw - int(st.active.sum()) if st.absorbing else 0
+        expected = None if st.expected is None else st.expected.cpu()  # with the cells, once
         result = JobResult(tokens, started - st.submitted, now - started, st.forwards,
-                           st.fallbacks, st.row_forwards, drawn)  # fmt: skip
+                           st.fallbacks, st.row_forwards, drawn, expected)  # fmt: skip
         self._finish(st, result, None)
 
     def _finish(self, st: JobState, result: JobResult | None, err: Exception | None) -> None:
@@ -278,13 +286,39 @@ class Engine:
                     queue.wake.wait()
                 if queue.abort or queue.idle():
                     return
-            try:
-                self.tick()
-            except Exception as err:  # a bug in the bookkeeping: fail what runs, keep serving
-                log.exception("engine tick failed")
-                running = [st for st in queue.states() if st.started is not None]
-                for st in running:
-                    self._finish(st, None, err)
+            self.tick_or_fail()
+
+    def tick_or_fail(self) -> None:
+        """``tick``; an error there (a bug in the bookkeeping) fails the jobs running, and the
+        engine goes on serving."""
+        try:
+            self.tick()
+        except Exception as err:
+            log.exception("engine tick failed")
+            running = [st for st in self._queue.states() if st.started is not None]
+            for st in running:
+                self._finish(st, None, err)
+
+    def adopt(self, thread: threading.Thread) -> None:
+        """Be ticked by ``thread`` (an ``EngineGroup``'s) instead of a thread of its own."""
+        with self._queue.lock:
+            if self._thread is not None:
+                raise RuntimeError("the engine is already running.")
+            self._thread = thread
+
+    @property
+    def wake(self) -> threading.Condition:
+        """The condition the ticking thread sleeps on; its lock guards the queue."""
+        return self._queue.wake
+
+    def refuse_new_jobs(self) -> None:
+        """Take no new job from now on (the caller holds ``wake``)."""
+        self._queue.accepting = False
+
+    @property
+    def idle(self) -> bool:
+        """No job queued or in flight (the caller may hold the shared ``wake`` lock)."""
+        return self._queue.idle()
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Take no new jobs. With ``drain``, finish the queued and in-flight jobs first (for up
@@ -296,7 +330,12 @@ class Engine:
             queue.wake.notify_all()
             thread = self._thread
         deadline = None if timeout is None else time.monotonic() + timeout  # real seconds
-        if thread is not None and thread is not threading.current_thread():
+        # (an adopted thread, an ``EngineGroup``'s, may not have started: nothing to join)
+        if (
+            thread is not None
+            and thread.ident is not None
+            and thread is not threading.current_thread()
+        ):
             thread.join(timeout)
             with queue.lock:
                 queue.abort = True  # the drain ran out of time: stop at the next boundary
@@ -318,6 +357,7 @@ class Engine:
         """The workload now, priced at ``forward_seconds`` a forward, and the blocks in flight
         by job, taken together."""
         running, waiting, groups = self._queue.snapshot(self.clock())
+        forward_seconds *= max(1.0, self.contention())
         block = self.sampler.block_rows or self.max_rows_per_forward
         workload = Workload(running, waiting, self.max_rows_per_forward, self.max_rows_in_flight,
                             self.fair, forward_seconds, block)  # fmt: skip

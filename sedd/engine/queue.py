@@ -31,10 +31,17 @@ from sedd.engine.scheduler import admit, groups_of, select
 class JobQueue:
     """Accepted jobs: ``waiting`` (FIFO, rows not yet admitted) and ``active`` (row blocks)."""
 
-    def __init__(self, max_queued_jobs: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_queued_jobs: int,
+        clock: Callable[[], float] = time.monotonic,
+        wake: threading.Condition | None = None,
+    ) -> None:
+        """``wake``: a condition shared with other queues (``sedd.engine.group``: one thread
+        sleeps until any of them has work); its lock is then this queue's lock too."""
         self.max_queued_jobs, self.clock = max_queued_jobs, clock
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
+        self.wake = wake if wake is not None else threading.Condition(threading.Lock())
+        self.lock = self.wake
         self.waiting: deque[JobState] = deque()  # the head may be partly admitted
         self.active: list[RowBlock] = []
         self.accepting, self.abort = True, False
