@@ -289,8 +289,7 @@ class Engine:
             self.tick_or_fail()
 
     def tick_or_fail(self) -> None:
-        """``tick``; an error there (a bug in the bookkeeping) fails the jobs running, and the
-        engine goes on serving."""
+        """``tick``; an error there (a bookkeeping bug) fails the jobs running, and no more."""
         try:
             self.tick()
         except Exception as err:
@@ -307,17 +306,14 @@ class Engine:
             self._thread = thread
 
     @property
-    def wake(self) -> threading.Condition:
-        """The condition the ticking thread sleeps on; its lock guards the queue."""
+    def wake(self) -> threading.Condition:  # the ticking thread's sleep; its lock: the queue's
         return self._queue.wake
 
-    def refuse_new_jobs(self) -> None:
-        """Take no new job from now on (the caller holds ``wake``)."""
+    def refuse_new_jobs(self) -> None:  # from now on (the caller holds ``wake``)
         self._queue.accepting = False
 
     @property
-    def idle(self) -> bool:
-        """No job queued or in flight (the caller may hold the shared ``wake`` lock)."""
+    def idle(self) -> bool:  # no job queued or in flight (the caller may hold ``wake``)
         return self._queue.idle()
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
