@@ -39,7 +39,7 @@ from sedd.engine import EngineSettings, forward_rows, model_sampler
 from sedd.io.write import cells_anndata
 from sedd.precision import AmpName, PrecisionPolicy, resolve_precision
 from sedd.request.conditions import label_mix, perturbation_conditions
-from sedd.request.draws import MEAN_LAYER, check_n_samples
+from sedd.request.draws import check_n_samples
 from sedd.request.imputation import (
     Imputation,
     dropped_genes_warning,
@@ -291,6 +291,7 @@ class Model:
         batch_size: int = DEFAULT_BATCH_SIZE,
         clip: bool = False,
         n_samples: int = 1,
+        expected: bool = False,
         progress: bool | None = None,
         sampling: SamplingOptions | None = None,
         **options: Any,
@@ -317,6 +318,12 @@ class Model:
         identical to ``n_samples=1``; observed genes keep their count in the mean. Draw j of
         cell i draws from stream (seed, j * N + i), N the number of cells, so the layer is fixed
         by the seed; ``uns["sedd"]["n_samples"]`` records k. It costs k times the sampling.
+
+        ``expected=True`` adds ``layers["expected_counts"]`` (CSR float32): per draw, each
+        sampled gene's mean count under the distribution it was drawn from (at the temperature
+        used), averaged over the k draws: the same expected counts with less noise than
+        ``mean_of_draws`` (a Rao-Blackwellised mean). Observed genes hold their count; the cells
+        are the same with and without it.
         """
         check_n_samples(n_samples)
         if cell_type is not None and cell_type_key is not None:
@@ -329,9 +336,8 @@ class Model:
             self.loaded, imputation, condition, condition_key
         )
         cells = imputation.num_cells if counts is None else 1
-        request = self._request(
-            cells, conditions, cell_type, sampling, imputation, counts, n_samples=n_samples
-        )
+        request = self._request(cells, conditions, cell_type, sampling, imputation, counts,
+                                n_samples=n_samples, expected=expected)  # fmt: skip
         return self._run(request, progress, batch_size)
 
     def _request(
@@ -344,12 +350,13 @@ class Model:
         condition_counts: Sequence[int] | None = None,
         *,
         n_samples: int = 1,
+        expected: bool = False,
     ) -> GenerationRequest:
         """The library's one request type."""
         return GenerationRequest(
             cells_per_condition, conditions, cell_type, sampling,  # type: ignore[arg-type]
             imputation=imputation, condition_counts=condition_counts,  # type: ignore[arg-type]
-            n_samples=n_samples,
+            n_samples=n_samples, expected=expected,
         )  # fmt: skip
 
     def _sampler(self, settings: EngineSettings) -> Sampler:
@@ -380,8 +387,6 @@ class Model:
                 planned, self.policy, on_progress=on_progress, sampler=sampler, settings=settings
             )
         uns = run_provenance(self.loaded, request, self.policy, result.stats, engine=result.engine)
-        mean = result.mean_of_draws
-        layers = None if mean is None else {MEAN_LAYER: mean}
         return cells_anndata(
-            result.counts, result.genes, result.obs, uns, var=planned.var(), layers=layers
+            result.counts, result.genes, result.obs, uns, var=planned.var(), layers=result.layers
         )

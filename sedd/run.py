@@ -5,9 +5,10 @@ st3-compatible scripts run, on the one ``sedd.request.plan.plan``. It takes the 
 one per ``batch_size`` cells, and ticks an ``Engine`` (the server's loop) in this thread until
 each is done; ``on_batch`` sees each finished batch before the next one ends. An imputation
 with ``n_samples`` k runs each batch k times (``Plan.draw_jobs``): ``on_batch`` sees the first
-draw, ``on_mean`` the batch's mean over all k once its last draw ends, so a run holds one
-batch's sum, never k copies of its cells. A ``sedd.engine.monitor.Monitor`` (the engine's
-observer) counts its forwards and finished cells; its snapshot becomes the result's ``stats``.
+draw, ``on_layers`` the batch's mean over all k once its last draw ends (and, with ``expected``,
+the mean of its expected counts), so a run holds one batch's sums, never k copies of its cells.
+A ``sedd.engine.monitor.Monitor`` (the engine's observer) counts its forwards and finished
+cells; its snapshot becomes the result's ``stats``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from sedd.engine.monitor import Monitor, MonitorSnapshot
 from sedd.engine.offline import ProgressHook
 from sedd.io.tokens import tokens_to_counts
 from sedd.precision import PrecisionPolicy
-from sedd.request.draws import DrawMean
+from sedd.request.draws import EXPECTED_LAYER, MEAN_LAYER, DrawMean
 from sedd.request.plan import Plan
 
 
@@ -50,8 +51,9 @@ class GenerationResult:
     genes: list[str]
     obs: pd.DataFrame
     stats: dict[str, object] = field(default_factory=dict)
-    # (N, G) float32 mean over the request's n_samples draws; None for one draw, or streamed away
-    mean_of_draws: np.ndarray | None = None
+    # (N, G) float32 layers by name: the mean over the request's n_samples draws (MEAN_LAYER,
+    # several draws) and the expected counts (EXPECTED_LAYER, ``expected``); empty when streamed
+    layers: dict[str, np.ndarray] = field(default_factory=dict)
     # what the engine ran on: rows and tokens a forward, rows a tick (``engine_record``)
     engine: dict[str, object] = field(default_factory=dict)
 
@@ -63,7 +65,7 @@ def run_plan(
     cell_range: range | None = None,
     on_progress: ProgressHook | None = None,
     on_batch: Callable[[range, np.ndarray], None] | None = None,
-    on_mean: Callable[[range, np.ndarray], None] | None = None,
+    on_layers: Callable[[range, dict[str, np.ndarray]], None] | None = None,
     keep_counts: bool = True,
     sampler: Sampler | None = None,
     settings: EngineSettings | None = None,
@@ -72,11 +74,13 @@ def run_plan(
 
     ``on_progress`` is called after every engine step with the batch's ``StepProgress``;
     ``on_batch(cells, counts)`` sees each finished batch (global cell numbers, (B, G) counts),
-    e.g. to save it before the next one finishes; with ``n_samples`` > 1 it sees the first draw,
-    and ``on_mean(cells, mean)`` the batch's (B, G) float32 mean over every draw, after its
-    ``on_batch``. ``keep_counts=False`` keeps no batch after these (a run of any size then holds
-    a few batches at a time; ``counts`` and ``mean_of_draws`` are None). With draws, ``stats``
-    counts every draw's cells (the engine's work) and records ``n_samples``.
+    e.g. to save it before the next one finishes; with ``n_samples`` > 1 it sees the first draw.
+    ``on_layers(cells, layers)`` sees the batch's (B, G) float32 layers once its last draw ends,
+    after its ``on_batch``: ``MEAN_LAYER``, the mean over every draw (``n_samples`` > 1), and
+    ``EXPECTED_LAYER``, the mean of the draws' expected counts (``expected``).
+    ``keep_counts=False`` keeps no batch after these (a run of any size then holds a few batches
+    at a time; ``counts`` is None and ``layers`` empty). With draws, ``stats`` counts every draw's
+    cells (the engine's work) and records ``n_samples``.
     ``settings``: the engine's batch size, forward block and CUDA graphs (default
     ``EngineSettings()``). ``sampler``: the one to step on, a ``sedd.engine.model_sampler`` of
     this ``precision`` and the settings' forward block (the Python API keeps one per model, so
@@ -112,10 +116,12 @@ def run_plan(
         observer=monitor,
     )
     draws = request.n_samples
+    names = ([MEAN_LAYER] if draws > 1 else []) + ([EXPECTED_LAYER] if request.expected else [])
     batches: list[tuple[range, int]] = []  # (cells, draw) of each job
     parts: list[np.ndarray] = []
-    mean_parts: list[np.ndarray] = []
-    summed = DrawMean(draws)  # the draws of the batch in flight (they finish in order)
+    layer_parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    # per layer, the draws of the batch in flight (they finish in order)
+    summed = {name: DrawMean(draws) for name in names}
     fallbacks = 0
 
     def jobs() -> Iterator[EngineJob]:  # built as the engine needs them
@@ -133,16 +139,21 @@ def run_plan(
                 on_batch(batch, counts)
             if keep_counts:
                 parts.append(counts)
-        if draws == 1:
+        if not names:
             return
-        summed.add(counts)
-        if summed.complete:
-            mean = summed.mean()  # (B, G) float32
-            summed = DrawMean(draws)
-            if on_mean is not None:
-                on_mean(batch, mean)
-            if keep_counts:
-                mean_parts.append(mean)
+        expected = None if result.expected is None else result.expected.numpy()  # (B, G)
+        values = {MEAN_LAYER: counts, EXPECTED_LAYER: expected}
+        for name in names:
+            summed[name].add(values[name])  # type: ignore[arg-type]
+        if not summed[names[0]].complete:
+            return
+        layers = {name: summed[name].mean() for name in names}  # (B, G) float32 each
+        summed = {name: DrawMean(draws) for name in names}
+        if on_layers is not None:
+            on_layers(batch, layers)
+        if keep_counts:
+            for name in names:
+                layer_parts[name].append(layers[name])
 
     with monitor:
         run_jobs(engine, jobs(), finished, on_progress=on_progress)
@@ -150,15 +161,14 @@ def run_plan(
     if draws > 1:
         stats["n_samples"] = draws
     counts = np.concatenate(parts) if parts else np.zeros((0, num_genes), dtype=np.int64)
-    mean = None
-    if draws > 1 and keep_counts:
-        mean = np.concatenate(mean_parts) if mean_parts else np.zeros((0, num_genes), np.float32)
+    empty = np.zeros((0, num_genes), np.float32)
+    layers = {name: np.concatenate(got) if got else empty for name, got in layer_parts.items()}
     return GenerationResult(
         counts if keep_counts else None,
         list(loaded.config.genes),
         plan.cells.iloc[cells.start : cells.stop],
         stats,
-        mean,
+        layers if keep_counts else {},
         engine_record(engine),
     )
 

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from sedd.engine import JobResult, engine_record
 from sedd.io.tokens import tokens_to_counts
 from sedd.io.write import write_cells_h5ad
-from sedd.request.draws import MEAN_LAYER, mean_of_draws
+from sedd.request.draws import EXPECTED_LAYER, MEAN_LAYER, mean_of_draws
 from sedd.request.provenance import run_provenance
 from server.errors import StorageFull
 from server.intake import PlannedJob
@@ -81,13 +81,17 @@ def counts_of(service: Service, result: JobResult) -> np.ndarray:
 
 def draws_of(
     service: Service, planned: PlannedJob, result: JobResult
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """(the first draw's (N, G) counts, the (N, G) float32 mean over all draws or None for
-    one draw) of a job holding every draw (``Plan.all_draws_job``)."""
-    counts, draws = counts_of(service, result), planned.plan.request.n_samples
-    if draws == 1:
-        return counts, None
-    return counts[: len(planned.cells)], mean_of_draws(counts, draws)
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(the first draw's (N, G) counts, the (N, G) float32 layers: ``MEAN_LAYER``, the mean
+    over several draws, and ``EXPECTED_LAYER``, the mean of the draws' expected counts, each
+    only when asked for) of a job holding every draw (``Plan.all_draws_job``)."""
+    counts, request = counts_of(service, result), planned.plan.request
+    draws, layers = request.n_samples, {}
+    if draws > 1:
+        layers[MEAN_LAYER] = mean_of_draws(counts, draws)
+    if request.expected and result.expected is not None:
+        layers[EXPECTED_LAYER] = mean_of_draws(result.expected.numpy(), draws)
+    return counts[: len(planned.cells)], layers
 
 
 def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
@@ -144,9 +148,11 @@ def generate_body(service: Service, planned: PlannedJob, result: JobResult, job_
 
 
 def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id: str) -> dict:
-    """The first draw's counts; with several draws also their mean (``mean_of_draws``), a key
-    left out for one draw, so that body is what it always was."""
-    counts, mean = draws_of(service, planned, result)
+    """The first draw's counts; with several draws also their mean (``mean_of_draws``), with
+    ``expected`` the expected counts (``expected_counts``): keys left out unless asked for, so
+    a body that asks for neither is what it always was."""
+    counts, layers = draws_of(service, planned, result)
+    mean, expected = layers.get(MEAN_LAYER), layers.get(EXPECTED_LAYER)
     body = ImputeResponse(
         genes=list(service.loaded.config.genes),
         counts=counts.tolist(),
@@ -155,9 +161,11 @@ def impute_body(service: Service, planned: PlannedJob, result: JobResult, job_id
         cells=_cell_labels(planned),
         metadata=metadata(service, planned, result, job_id),  # type: ignore[arg-type]
         mean_of_draws=None if mean is None else mean.tolist(),
+        expected_counts=None if expected is None else expected.tolist(),
     ).model_dump()
-    if mean is None:
-        del body["mean_of_draws"]
+    for key, value in (("mean_of_draws", mean), ("expected_counts", expected)):
+        if value is None:
+            del body[key]
     return body
 
 
@@ -206,12 +214,12 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         service.loaded, planned.plan.request, service.precision, timings, {"route": route},
         engine=engine_record(service.engine),
     )  # fmt: skip
-    counts, mean = draws_of(service, planned, result)
+    counts, layers = draws_of(service, planned, result)
     try:
         with tempfile.TemporaryDirectory(prefix="sedd-h5ad-") as tmp:
             path = write_cells_h5ad(
                 Path(tmp) / "cells.h5ad", counts, service.loaded.config.genes, planned.cells,
-                uns, var=planned.plan.var(), layers=None if mean is None else {MEAN_LAYER: mean},
+                uns, var=planned.plan.var(), layers=layers,
             )  # fmt: skip
             return path.read_bytes()
     except OSError as err:

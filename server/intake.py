@@ -109,6 +109,7 @@ def _impute(
             imputation=imputation,
             condition_counts=counts,
             n_samples=body.n_samples,
+            expected=body.expected,
         )
     condition = names.one_condition(loaded, body.condition)
     return GenerationRequest(
@@ -118,6 +119,7 @@ def _impute(
         sampling,
         imputation=imputation,
         n_samples=body.n_samples,
+        expected=body.expected,
     )
 
 

@@ -107,6 +107,12 @@ class ImputeResponse(BaseModel):
         description="(cells, genes) per-cell mean over the request's n_samples draws (float32 "
         "values); present only when n_samples > 1",
     )
+    expected_counts: list[list[float]] | None = Field(
+        default=None,
+        description="(cells, genes) per-cell expected counts: per draw, each sampled gene's "
+        "mean count under the distribution it was drawn from, averaged over the n_samples "
+        "draws (float32 values; observed genes: their count); present only when `expected`",
+    )
 
 
 class ModelCard(BaseModel):

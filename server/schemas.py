@@ -201,6 +201,13 @@ class ImputeRequest(SamplingOptions):
         "`mean_of_draws` (`counts` stays the first draw; draw j of cell i uses stream "
         "(seed, j * N + i)); counts as n_samples x the cells against the server's limits",
     )
+    expected: bool = Field(
+        default=False,
+        description="also answer `expected_counts`: per draw, each sampled gene's mean count "
+        "under the distribution it was drawn from (at the request's temperature), averaged over "
+        "the n_samples draws: the expected counts with less noise than `mean_of_draws` (a "
+        "Rao-Blackwellised mean); observed genes hold their count; `counts` do not change",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> ImputeRequest:

@@ -53,6 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "layers['mean_of_draws'] (float32); .X stays the first draw; draw j of cell i uses "
         "stream (seed, j*N + i) (default 1: no layer)",
     )
+    p.add_argument(
+        "--expected",
+        action="store_true",
+        help="add layers['expected_counts'] (float32): each sampled gene's mean count under the "
+        "distribution it was drawn from, averaged over the --n-samples draws (less noise than "
+        "their mean); observed genes keep their count, the cells do not change",
+    )
     add_model_arguments(p)
     add_sampling_arguments(p)
     add_output_arguments(p, default_out=Path("out/imputed.h5ad"), shards=False)
@@ -98,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         imputation=imputation,
         condition_counts=counts,
         n_samples=args.n_samples,
+        expected=args.expected,
     )
     run_request(loaded, request, args)
     return 0

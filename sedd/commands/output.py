@@ -21,7 +21,7 @@ from sedd.io.cell_writer import CellWriter
 from sedd.io.files import check_writable, refuse_existing, stale_records, write_json_atomic
 from sedd.io.write import COUNT_SCALE
 from sedd.precision import PrecisionPolicy, resolve_precision
-from sedd.request.draws import MEAN_LAYER
+from sedd.request.draws import EXPECTED_LAYER, MEAN_LAYER
 from sedd.request.imputation import Imputation
 from sedd.request.plan import GenerationRequest, Plan, plan
 from sedd.request.provenance import run_provenance
@@ -99,10 +99,12 @@ def request_from_args(
     imputation: Imputation | None = None,
     condition_counts: tuple[int, ...] | None = None,
     n_samples: int = 1,
+    expected: bool = False,
     schedule: Schedule = LIBRARY_SCHEDULE,
 ) -> GenerationRequest:
     """The request that ``add_sampling_arguments`` options describe (``n_samples``: draws of
-    each imputed cell, ``sedd impute --n-samples``): its sampling options are the flags named
+    each imputed cell, ``sedd impute --n-samples``; ``expected``: ``sedd impute --expected``):
+    its sampling options are the flags named
     for ``SamplingOptions``' fields, all of them, by name; the schedule left out is the
     model's (``schedule``: ``LoadedModel.schedule``)."""
     given = {name: getattr(args, name) for name in OPTION_NAMES if hasattr(args, name)}
@@ -110,6 +112,7 @@ def request_from_args(
     return GenerationRequest(
         cells_per_condition, conditions, args.cell_type, sampling,  # type: ignore[arg-type]
         imputation=imputation, condition_counts=condition_counts, n_samples=n_samples,
+        expected=expected,
     )  # fmt: skip
 
 
@@ -133,21 +136,28 @@ def write_one_file(
 ) -> dict[str, Any]:
     """Generate (with a progress bar as ``show_progress(progress)`` says), write the h5ad and
     ``<out>.metrics.json``, print a summary. Several draws a cell (``n_samples``) stream their
-    mean into ``layers["mean_of_draws"]`` batch by batch, beside the first draw's counts."""
+    mean into ``layers["mean_of_draws"]`` batch by batch, beside the first draw's counts, and
+    ``expected`` the expected counts into ``layers["expected_counts"]``."""
     loaded, request = planned.loaded, planned.request
     precision = resolve_precision(precision_name, loaded.device)
-    layers = (MEAN_LAYER,) if request.n_samples > 1 else ()
+    layers = ((MEAN_LAYER,) if request.n_samples > 1 else ()) + (
+        (EXPECTED_LAYER,) if request.expected else ()
+    )
     writer = CellWriter(
         check_writable(out), loaded.config.genes, count_dtype=counts_dtype, var=planned.var(),
         layers=layers,
     )  # fmt: skip
     draws = len(planned) * request.n_samples  # the bar counts every draw of a cell
+
+    def add_layers(_: range, made: Mapping[str, Any]) -> None:  # a batch's (B, G) float32 each
+        for name, values in made.items():
+            writer.add_layer(name, values)
+
     with writer, _bar(draws, "sampling", progress) as on_progress:
         result = run_plan(
             planned, precision, on_progress=on_progress,
-            on_batch=lambda _, counts: writer.add(counts),
-            on_mean=lambda _, mean: writer.add_layer(MEAN_LAYER, mean), keep_counts=False,
-            settings=settings,
+            on_batch=lambda _, counts: writer.add(counts), on_layers=add_layers,
+            keep_counts=False, settings=settings,
         )  # fmt: skip
         uns = run_provenance(loaded, request, precision, result.stats, engine=result.engine)
         writer.finish(result.obs, uns)

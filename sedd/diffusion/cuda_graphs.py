@@ -30,7 +30,8 @@ from sedd.diffusion.step_rows import StepBranches, StepRows
 
 log = logging.getLogger(__name__)
 
-BlockResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# (tokens, nonfinite, active, expected counts: None unless the rows carry them)
+BlockResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 BlockStep = Callable[[StepRows, StepBranches, bool], BlockResult]
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -104,8 +105,9 @@ class GraphedSteps:
         with self._current():  # replay on this device's stream, not device 0's
             captured.graph.replay()
         self.replays += 1
-        tokens, nonfinite, active = captured.outputs
-        return tokens.clone(), nonfinite.clone(), active.clone()
+        tokens, nonfinite, active, expected = captured.outputs
+        kept = None if expected is None else expected.clone()
+        return tokens.clone(), nonfinite.clone(), active.clone(), kept
 
     def _current(self) -> contextlib.AbstractContextManager[object]:
         """This device as the current CUDA device (a no-op off CUDA, where graphs are stand-ins

@@ -43,7 +43,8 @@ import torch.nn.functional as F
 
 from sedd.defaults import PREDICTORS, Predictor
 from sedd.diffusion.categorical import chunk_sums, sample_categorical, temper
-from sedd.diffusion.cuda_graphs import GraphedSteps
+from sedd.diffusion.cuda_graphs import BlockResult, GraphedSteps
+from sedd.diffusion.expected import commit_expected
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.noise import Noise
 from sedd.diffusion.randomness import Purpose, cell_uniforms
@@ -84,6 +85,7 @@ class Proposal:
     nonfinite: torch.Tensor  # (B,) bool: the row's output held NaN/Inf where it could change
     active: torch.Tensor  # (B,) int64: positions that can still change after the step
     model_calls: int  # model forwards run (row blocks)
+    expected: torch.Tensor | None = None  # (B, L) float32 for rows with ``StepRows.expected``
 
     def summary(self) -> torch.Tensor:
         """(B, 2) int64 [non-finite, still active]: the one small tensor the host reads back."""
@@ -98,6 +100,7 @@ class StepOutput:
     fp32_fallback_rows: tuple[int, ...] = ()  # rows whose score was recomputed in fp32
     model_calls: int = 0  # model forwards run: row blocks, plus any fp32 recomputation
     active: np.ndarray | None = None  # (B,) per row, the positions that can still change
+    expected: torch.Tensor | None = None  # (B, L) float32: ``StepRows.expected`` moved on
 
 
 # Real tokens (V - 1) from which the absorbing step takes softmax over whole rows with the mask's
@@ -201,14 +204,19 @@ class Sampler:
         """The step's new tokens on the device, with no host sync: the model runs on blocks of
         exactly ``block_rows`` rows (the last padded with copies of its last row), and each block
         is one fixed-shape computation (one CUDA graph replay where graphs are on)."""
-        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        parts: list[BlockResult] = []
         for lo, hi, index in fixed_blocks(rows.num_rows, self.block_rows, rows.x.device):
-            tokens, nonfinite, active = self.graphs.run(rows.take(index), branches, amp)
-            parts.append((tokens[: hi - lo], nonfinite[: hi - lo], active[: hi - lo]))
+            tokens, nonfinite, active, expected = self.graphs.run(rows.take(index), branches, amp)
+            mine = None if expected is None else expected[: hi - lo]
+            parts.append((tokens[: hi - lo], nonfinite[: hi - lo], active[: hi - lo], mine))
         if len(parts) == 1:
-            return Proposal(*parts[0], model_calls=1)
-        tokens, nonfinite, active = (torch.cat(p) for p in zip(*parts, strict=True))
-        return Proposal(tokens, nonfinite, active, model_calls=len(parts))
+            tokens, nonfinite, active, expected = parts[0]
+            return Proposal(tokens, nonfinite, active, 1, expected)
+        joined = zip(*(q[:3] for q in parts), strict=True)
+        tokens, nonfinite, active = (torch.cat(p) for p in joined)
+        kept = [q[3] for q in parts if q[3] is not None]  # every block's, or none
+        expected = torch.cat(kept) if kept else None
+        return Proposal(tokens, nonfinite, active, len(parts), expected)
 
     def settle(
         self, rows: StepRows, branches: StepBranches, proposal: Proposal, summary: np.ndarray
@@ -218,7 +226,7 @@ class Sampler:
         bad = np.flatnonzero(summary[:, 0])
         active = summary[:, 1].copy()
         if not bad.size:
-            return StepOutput(proposal.tokens, (), proposal.model_calls, active)
+            return StepOutput(proposal.tokens, (), proposal.model_calls, active, proposal.expected)
 
         def recompute(index: torch.Tensor, amp: bool) -> tuple[Redo, np.ndarray]:
             redo = self.propose(rows.take(index), branches, amp=amp)
@@ -228,8 +236,11 @@ class Sampler:
         index, (redo, redone) = fp32_fallback(bad, rows.x.device, recompute)
         active[bad] = redone[:, 1]
         tokens = proposal.tokens.index_copy(0, index, redo.tokens)
+        expected = proposal.expected
+        if expected is not None and redo.expected is not None:
+            expected = expected.index_copy(0, index, redo.expected)
         calls = proposal.model_calls + redo.model_calls
-        return StepOutput(tokens, tuple(bad.tolist()), calls, active)
+        return StepOutput(tokens, tuple(bad.tolist()), calls, active, expected)
 
     def model_calls(self, rows: int) -> int:
         """Model forwards that ``rows`` rows take: one per block of ``block_rows`` (one in all
@@ -243,10 +254,9 @@ class Sampler:
         active = self.graph.active_positions(x)
         return active if fixed is None else active & ~fixed
 
-    def _block_step(
-        self, rows: StepRows, branches: StepBranches, amp: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active).
+    def _block_step(self, rows: StepRows, branches: StepBranches, amp: bool) -> BlockResult:
+        """One fixed-shape block: forward, transition, fp64 draw. (tokens, nonfinite, active,
+        expected: None unless the rows carry ``StepRows.expected``).
 
         Each row takes its own kind of step (``rows.kind``, ``sedd.diffusion.steps``); only the
         kinds in ``branches`` are computed, and each is kept on its own rows."""
@@ -295,7 +305,10 @@ class Sampler:
             # a final row's stay is 0: the argmax is over the real tokens (the mask column is 0)
             drawn = torch.where(final[:, None], probs.argmax(dim=-1), drawn)
         tokens = torch.where(changing, drawn, x)  # (b, L)
-        return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1)
+        expected = None  # each committed gene's mean count, from the probs it was drawn from
+        if rows.expected is not None:
+            expected = commit_expected(rows.expected, probs, tokens, changing, self.graph.dim - 1)
+        return tokens, nonfinite, self._active(tokens, rows.fixed).sum(dim=1), expected
 
     def _score(self, out: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         """Concrete score (ratios), (b, L, V) fp32, for either parametrisation."""

@@ -36,6 +36,9 @@ class StepRows:
     fixed: torch.Tensor | None = None  # (B, L) bool: given positions, never changed
     labels: torch.Tensor | None = None  # (B,) long indices or (B, E) float vectors
     cell_types: torch.Tensor | None = None  # (B,) long
+    # (B, L) float32: each gene's expected count so far (``sedd.diffusion.expected``), for rows
+    # that ask for it; None: not computed
+    expected: torch.Tensor | None = None
 
     @classmethod
     def of_request(
@@ -54,6 +57,7 @@ class StepRows:
         fixed: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         cell_types: torch.Tensor | None = None,
+        expected: torch.Tensor | None = None,
     ) -> StepRows:
         """Rows of one request: row b is cell ``first_cell + b`` of ``seed``; scalars apply to
         every row."""
@@ -77,6 +81,7 @@ class StepRows:
             fixed=fixed,
             labels=labels,
             cell_types=cell_types,
+            expected=expected,
         )
 
     @property

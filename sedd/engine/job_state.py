@@ -49,6 +49,7 @@ class JobState:
     labels: torch.Tensor | None = None  # the job's conditioning, moved to the device once
     cell_types: torch.Tensor | None = None
     fixed: torch.Tensor | None = None
+    expected: torch.Tensor | None = None  # (N, G) float32 on the device (``EngineJob.expected``)
     grid: list[float] = field(default_factory=list)  # (steps + 1) times, host floats
     active: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (N,) per row
     admitted: int = 0  # rows [0, admitted) have joined
@@ -84,6 +85,8 @@ class JobState:
         self.labels, self.cell_types, self.fixed = (
             None if v is None else v.to(device) for v in (job.labels, job.cell_types, job.fixed)
         )
+        if job.expected:  # given genes: their own count; a drawn gene's is written as it commits
+            self.expected = torch.where(self.x == graph.dim - 1, 0.0, self.x.float())
         self.absorbing = graph.absorb
         self.to_draw = int(self.active.sum()) if graph.absorb else 0
         self.grid = time_grid(job.sampling.steps, job.eps, job.sampling.time_grid).tolist()
@@ -230,6 +233,13 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepBranches]
         fixed = rows_of(
             lambda st: none_fixed.expand(st.job.num_cells, -1) if st.fixed is None else st.fixed
         )
+    expected = None  # rows of jobs that do not ask for it carry zeros, never read back
+    if any(blk.state.expected is not None for blk, _, _ in spans):
+        width = spans[0][0].state.x.shape[1]
+        zeros = torch.zeros(1, width, device=device)
+        expected = rows_of(
+            lambda st: zeros.expand(st.job.num_cells, -1) if st.expected is None else st.expected
+        )
     rows = StepRows(
         x=torch.cat([blk.state.x[lo:hi] for blk, lo, hi in spans]),  # (B, G)
         t=real[0],
@@ -244,6 +254,7 @@ def pack(sampler: Sampler, slices: list[Slice]) -> tuple[StepRows, StepBranches]
         fixed=fixed,
         labels=rows_of(lambda st: st.labels),
         cell_types=rows_of(lambda st: st.cell_types),
+        expected=expected,
     )
     s_values, kinds, temperatures = zip(*settings, strict=True)
     return rows, StepBranches.of_values(s_values, kinds, temperatures)
@@ -273,6 +284,8 @@ def settle_packed(
         lo, hi, st = blk.lo + a, blk.lo + b, blk.state
         st.row_forwards += hi - lo
         st.x[lo:hi] = out.tokens[offset : offset + hi - lo]
+        if st.expected is not None and out.expected is not None:
+            st.expected[lo:hi] = out.expected[offset : offset + hi - lo]
         st.active[lo:hi] = active[offset : offset + hi - lo]
         st.fallbacks += sum(1 for row in fallbacks if offset <= row < offset + hi - lo)
         mine = blocks_of.setdefault(id(st), set())

@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 import torch
 
 from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
+from sedd.diffusion.expected import check_expected
 from sedd.diffusion.graph import Graph
 from sedd.diffusion.inputs import ModelLimits, check_inputs
 from sedd.diffusion.steps import check_step_kind, step_kind
@@ -42,6 +43,9 @@ class EngineJob:
     deadline: float | None = None  # time.monotonic() deadline; past it the job fails
     eps: float = 1e-5  # the grid ends at t = eps (``sedd.diffusion.sampling.time_grid``)
     denoise: bool = True  # the final step from eps to 0; without it masks may remain
+    # also give each gene's expected count: the mean of the distribution it was drawn from
+    # (``sedd.diffusion.expected``; ``JobResult.expected``); it never changes a token
+    expected: bool = False
 
     @property
     def total_steps(self) -> int:
@@ -90,6 +94,8 @@ class JobResult:
     fp32_fallbacks: int  # the job's rows recomputed in fp32 (docs/precision.md rule 5)
     row_forwards: int = 0  # forwards summed over the job's cells (a cell's rows in each)
     genes_committed: int = 0  # positions drawn from the mask (absorbing graph), all cells
+    # (N, G) float32, CPU: each gene's expected count (``EngineJob.expected``); else None
+    expected: torch.Tensor | None = None
 
     @property
     def forwards_per_cell(self) -> float:
@@ -174,12 +180,16 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError)
 
 
-def validate_job(job: EngineJob, limits: ModelLimits, graph: Graph) -> None:
+def validate_job(
+    job: EngineJob, limits: ModelLimits, graph: Graph, denoise: str = "sample"
+) -> None:
     """Raise ``ValueError`` naming the field and value unless the model can run ``job``
-    (``sedd.diffusion.inputs.check_inputs``, the check st3's sampler classes make too)."""
+    (``sedd.diffusion.inputs.check_inputs``, the check st3's sampler classes make too) on a
+    sampler whose final denoise is ``denoise`` (``Sampler.denoise_mode``)."""
     if not isinstance(job.sampling, SamplingOptions):
         raise TypeError(f"`sampling` must be a SamplingOptions, got {type(job.sampling).__name__}.")
     check_step_kind(job.sampling, graph)
+    check_expected(job.expected, graph, denoise)
     check_inputs(
         limits, graph, num_cells=job.num_cells, first_cell=job.first_cell, eps=job.eps,
         labels=job.labels, cell_types=job.cell_types, x_init=job.x_init, fixed=job.fixed,

@@ -7,6 +7,11 @@ gives (``.X`` never changes with k) and every draw is fixed by the seed alone, w
 the device or the front door. The output keeps draw 0's counts in ``.X`` and adds their mean over
 the k draws as ``layers[MEAN_LAYER]`` (float32); observed genes keep their count in every draw, so
 the mean there is the observed count exactly.
+
+With ``expected`` the output also holds ``layers[EXPECTED_LAYER]``: per draw, each gene's mean
+count under the distribution it was drawn from (``sedd.diffusion.expected``), averaged over the k
+draws the same way. It estimates the same conditional mean as ``MEAN_LAYER`` with less noise (a
+Rao-Blackwellised mean); observed genes hold their count there too.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 
 MAX_N_SAMPLES = 64  # draws of a cell: the cost grows k-fold, and the mean's error as 1/sqrt(k)
 MEAN_LAYER = "mean_of_draws"  # the output's layer holding the mean over the draws
+EXPECTED_LAYER = "expected_counts"  # the layer holding the expected counts, over the draws
 
 
 def check_n_samples(n_samples: object) -> None:
@@ -33,8 +39,8 @@ def draw_cell_index(cell: int, draw: int, num_cells: int) -> int:
 
 
 class DrawMean:
-    """The mean of k draws of the same cells, added one draw at a time: summed in float64,
-    divided once, stored as float32, so the order the draws arrive in never matters."""
+    """The mean of k draws of the same cells (their counts, or their expected counts), added one
+    draw at a time: summed in float64, divided once, stored as float32."""
 
     def __init__(self, n_samples: int) -> None:
         self.n_samples = n_samples
@@ -42,9 +48,10 @@ class DrawMean:
         self._sum: np.ndarray | None = None  # (B, G) float64
 
     def add(self, counts: np.ndarray) -> None:
-        """One draw's (B, G) integer counts."""
+        """One draw's (B, G) counts (integers, or float32 expected counts)."""
         if self._sum is None:
-            # precision: a float64 sum of integer counts is exact (far below 2**53)
+            # precision: a float64 sum of integer counts is exact (far below 2**53); of float32
+            # expected counts, off by float64 rounding, far below the float32 it is stored as
             self._sum = np.zeros(counts.shape, dtype=np.float64)
         self._sum += counts
         self.added += 1
@@ -62,7 +69,7 @@ class DrawMean:
 
 def mean_of_draws(counts: np.ndarray, n_samples: int) -> np.ndarray:
     """(N, G) float32 mean of ``counts`` (k * N, G), whose row ``j * N + i`` is draw j of cell i
-    (one job holding every draw, as the server runs it)."""
+    (one job holding every draw, as the server runs it); counts or expected counts."""
     draws = DrawMean(n_samples)
     for part in np.split(counts, n_samples):  # draw j: rows j*N .. (j+1)*N
         draws.add(part)

@@ -23,6 +23,7 @@ import torch
 
 from sedd.checkpoints import LoadedModel
 from sedd.defaults import DEFAULT_BATCH_SIZE, SamplingOptions
+from sedd.diffusion.expected import check_expected
 from sedd.diffusion.steps import check_step_kind
 from sedd.engine import EngineJob
 from sedd.request.draws import check_n_samples, draw_cell_index
@@ -40,7 +41,9 @@ class GenerationRequest:
     engine job (it checked itself when made). ``imputation`` holds observed counts that every
     cell keeps; its cells are its rows, as many as the request's cells. ``n_samples``
     (imputation only): draws of each cell, whose mean the output adds beside the first draw
-    (``sedd.request.draws``); it never changes the first draw. How an engine runs the request
+    (``sedd.request.draws``); it never changes the first draw. ``expected``: also give each
+    gene's expected count, the mean of the distribution it was drawn from, averaged over the
+    draws (``EXPECTED_LAYER``); it never changes a cell. How an engine runs the request
     (cells in flight, rows a forward, CUDA graphs) is not part of it:
     ``sedd.engine.EngineSettings``.
     """
@@ -52,6 +55,7 @@ class GenerationRequest:
     imputation: Imputation | None = field(default=None, compare=False, repr=False)
     condition_counts: tuple[int, ...] | None = None  # cells of each of `conditions`
     n_samples: int = 1  # draws of each imputed cell; draw j of cell i: stream (seed, j * N + i)
+    expected: bool = False  # add the expected counts (``sedd.diffusion.expected``)
 
     def __post_init__(self) -> None:  # sequences from callers, as tuples; empty is None
         for name in ("conditions", "condition_counts"):
@@ -110,6 +114,8 @@ class GenerationRequest:
             out["imputed_from_genes"] = list(self.imputation.genes)
         if self.n_samples != 1:  # absent for one draw: earlier records and identities hold
             out["n_samples"] = self.n_samples
+        if self.expected:  # absent when off, for the same reason
+            out["expected"] = True
         return out
 
 
@@ -201,10 +207,11 @@ def _with_input_columns(frame: pd.DataFrame, given: pd.DataFrame) -> pd.DataFram
 
 def run_id(loaded: LoadedModel, request: GenerationRequest) -> str:
     """8 hex digits naming a request's cells: the same for the same model and request (its
-    number of draws aside, which never changes a cell), different
+    number of draws and ``expected`` aside, which never change a cell), different
     for another seed, condition list, cell type, sampler setting or imputed input."""
     identity = request.record()
     identity.pop("n_samples", None)
+    identity.pop("expected", None)
     identity["model_sha256"] = loaded.file_hash
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
     if request.imputation is not None:
@@ -261,6 +268,7 @@ class Plan:
             x_init=None if imputed is None else imputed.x_init[cells.start : cells.stop],
             fixed=None if imputed is None else imputed.fixed[cells.start : cells.stop],
             deadline=deadline,
+            expected=request.expected,
         )
 
     def jobs(
@@ -321,4 +329,5 @@ def plan(loaded: LoadedModel, request: GenerationRequest) -> Plan:
     close matches) naming the field; ``OptionError`` for a step kind the model cannot take."""
     request.validate()
     check_step_kind(request.sampling, loaded.graph)
+    check_expected(request.expected, loaded.graph)
     return Plan(loaded, request, cell_plan(loaded, request))

@@ -8,7 +8,7 @@ from typing import Any
 from sedd.checkpoints import LoadedModel
 from sedd.io.write import provenance_uns
 from sedd.precision import PrecisionPolicy
-from sedd.request.draws import MEAN_LAYER
+from sedd.request.draws import EXPECTED_LAYER, MEAN_LAYER
 from sedd.request.plan import GenerationRequest
 
 
@@ -25,7 +25,8 @@ def run_provenance(
     the request, the model, the precision and ``engine``, what the engine ran on
     (``sedd.engine.engine_record``: rows and tokens a forward, rows a tick). Imputations
     also record how many genes were observed and which were dropped, and, with several draws,
-    ``n_samples`` and the layer holding their mean (``mean_layer``)."""
+    ``n_samples`` and the layer holding their mean (``mean_layer``); with ``expected``, the layer
+    of expected counts (``expected_layer``)."""
     imputed = request.imputation
     if imputed is not None:
         observed = {"observed_genes": len(imputed.genes), "dropped_genes": imputed.dropped_genes}
@@ -33,6 +34,8 @@ def run_provenance(
     if request.n_samples != 1:  # absent for one draw: its output is what it always was
         draws = {"n_samples": request.n_samples, "mean_layer": MEAN_LAYER}
         extra = {**draws, **(extra or {})}
+    if request.expected:  # absent when off: its output is what it always was
+        extra = {"expected_layer": EXPECTED_LAYER, **(extra or {})}
     if request.sampling.sampler == "entropy":  # its bound, beside the sampler and cap (steps)
         extra = {"entropy_bound": request.sampling.entropy_bound, **(extra or {})}
     return provenance_uns(

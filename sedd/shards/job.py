@@ -225,6 +225,11 @@ def prepare_shard(
             f"`n_samples` must be 1 for a sharded run, got {request.n_samples}: shards keep one "
             "draw of each cell; write one file (--out) for the mean of several draws."
         )
+    if request.expected:
+        raise ValueError(
+            "`expected` must be off for a sharded run, got True: shards keep counts only; write "
+            "one file (--out) for the expected counts."
+        )
     identity = request_identity(
         loaded, request, precision, num_cells=num_cells, num_shards=shard.count,
         tokens_per_forward=settings.tokens_per_forward,

@@ -154,7 +154,8 @@ def test_replays_read_the_static_inputs_and_hand_out_copies(monkeypatch: pytest.
         def replay(self) -> None:
             fresh = graphed._block_step(self.rows, self.plan, self.amp)
             for static, value in zip(self.outputs, fresh, strict=True):
-                static.copy_(value)
+                if static is not None:  # the expected counts, where no row asks for them
+                    static.copy_(value)
 
     def capture(rows: StepRows, plan: StepBranches, amp: bool) -> _Captured:
         inputs = [None if v is None else v.clone() for v in rows.tensors()]
