@@ -1,10 +1,12 @@
 """The app factory: ``create_app(settings)``.
 
-The lifespan loads the fp32 checkpoint once, with the side files the settings name (gene names,
-perturbation map, vectors: what ``sedd generate`` takes), unless ``sedd serve`` loaded it already
-(so that a bad checkpoint is a one-line error before the server starts); it resolves the
-precision policy, starts one engine and publishes them as ``app.state.service``; on shutdown it
-stops taking requests and drains the engine (``server.serve`` drains on SIGTERM first).
+The lifespan builds the app's ``ModelHost`` (``server.model_host``: one model, or a repository of
+them) and loads its default model (``server.service_loading``: the fp32 checkpoint with the side
+files the settings name, its precision policy and engine), unless ``sedd serve`` loaded it
+already (so that a bad checkpoint is a one-line error before the server starts); it starts the
+engines' thread and publishes the host as ``app.state.host`` and the default model's service as
+``app.state.service``; on shutdown it stops taking requests and drains every engine
+(``server.serve`` drains on SIGTERM first).
 ``server.http.guard`` checks the API key and the drain before any route runs (the one check of
 the key). Every error reaches the client through ``server.errors.http_error`` (installed here as
 the app's exception handlers), its body written by ``server.http.errors``.
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
-import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -27,16 +28,12 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from sedd.checkpoints import load_checkpoint
-from sedd.checkpoints.labels import PositionalGenesWarning
-from sedd.engine import Engine
-from sedd.engine.monitor import Monitor
-from sedd.precision import resolve_precision
 from server.config import Settings
 from server.errors import MAPPED, http_error
 from server.http.errors import error_response, excerpt
 from server.http.guard import GuardMiddleware
-from server.metrics import RATE_WINDOW_S, MetricsMiddleware, ServiceMetrics
+from server.metrics import MetricsMiddleware, ServiceMetrics
+from server.model_host import ModelHost
 from server.openapi import apply_auth, apply_limits
 from server.routes import health, metrics, models, sampling
 from server.runner import warm_up
@@ -45,65 +42,43 @@ from server.state import Service
 log = logging.getLogger("sedd.server")
 
 
-def load_service(settings: Settings, service_metrics: ServiceMetrics) -> Service:
-    """Load the model, build (not start) the engine, and start the app's monitor."""
-    device = settings.resolved_device()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        loaded = load_checkpoint(
-            settings.model,
-            genes=settings.genes,
-            perturbations=settings.perturbation_map,
-            vectors=settings.vectors,
-            device=device,
-        )
-        precision = resolve_precision(settings.precision, loaded.device)
-    for warning in caught:
-        if issubclass(warning.category, PositionalGenesWarning):  # how the server takes it
-            log.warning("%s (sedd serve: --genes FILE or SEDD_GENES=FILE)", warning.message)
-        else:
-            log.warning("%s", warning.message)
-    engine = Engine.for_model(
-        loaded,
-        precision,
-        max_rows_per_forward=settings.max_rows_per_forward,
-        tokens_per_forward=settings.tokens_per_forward,
-        cuda_graphs=settings.cuda_graphs,
-        max_queued_jobs=settings.max_queued_jobs,
-        max_rows_in_flight=settings.rows_in_flight,
-        fair=True,
-        observer=service_metrics,
-        forward_cost_s=settings.forward_cost_s,
-        whole_blocks=True,  # a full tick computes no padding rows
-    )
-    monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
-    service_metrics.attach(engine, monitor)
-    return Service(settings, loaded, precision, engine, service_metrics)
-
-
 def preload(app: FastAPI) -> Service:
-    """Load the model for ``app`` now (errors surface here, not in uvicorn's lifespan)."""
-    app.state.preloaded = load_service(app.state.settings, app.state.metrics)
-    return app.state.preloaded
+    """Load the default model for ``app`` now (errors surface here, not in uvicorn's
+    lifespan); its ``ModelHost`` waits in ``app.state.preloaded``."""
+    host = ModelHost(app.state.settings, app.state.metrics)
+    service = host.load_now(host.default_id)
+    app.state.preloaded = host
+    return service
+
+
+def _load_host(settings: Settings, metrics: ServiceMetrics) -> ModelHost:
+    host = ModelHost(settings, metrics)
+    host.load_now(host.default_id)
+    return host
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    service = app.state.preloaded
-    if service is None:
-        service = await asyncio.to_thread(load_service, settings, app.state.metrics)
+    host: ModelHost | None = app.state.preloaded
+    if host is None:
+        host = await asyncio.to_thread(_load_host, settings, app.state.metrics)
     app.state.preloaded = None
-    service.engine.start()
+    host.group.start()
+    service = host.default
     await warm_up(service)  # the forward time, measured before the first request
-    app.state.service = service
+    app.state.host, app.state.service = host, service
     log.info("%s", startup_line(service))
+    if settings.models is not None:
+        log.info("models: %s (default %s, at most %d loaded)", ", ".join(host.ids),
+                 host.default_id, settings.max_loaded_models)  # fmt: skip
+        for name, why in host.skipped.items():
+            log.warning("not served: %s/%s: %s", settings.models, name, why)
     try:
         yield
     finally:
-        service.draining = True
         log.info("draining the engine (up to %.0f s)", settings.drain_timeout_s)
-        await asyncio.to_thread(service.engine.stop, drain=True, timeout=settings.drain_timeout_s)
+        await asyncio.to_thread(host.stop, settings.drain_timeout_s)
         app.state.service = None
 
 
@@ -196,7 +171,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.settings = settings
-    app.state.service = None
+    app.state.service = None  # the default model's, from start-up to shutdown
+    app.state.host = None  # every model's (``server.model_host``)
     app.state.preloaded = None
     app.state.draining = False
     app.state.metrics = ServiceMetrics()
@@ -215,10 +191,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             schema = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
-            service = app.state.service
-            config = None if service is None else service.loaded.config
+            service, host = app.state.service, app.state.host
+            # one model: its names as enums; several: the names depend on the body's model
+            single = host is not None and len(host.ids) == 1
+            config = service.loaded.config if service is not None and single else None
             schema = apply_auth(apply_limits(schema, settings, config), settings)
-            if config is None:
+            if service is None:
                 return schema  # before start-up: no model names yet, so do not cache
             app.openapi_schema = schema
         return app.openapi_schema

@@ -32,6 +32,28 @@ class Settings(BaseSettings):
     model: Path = Field(
         default=DEFAULT_MODEL, description="checkpoint to serve (any layout load_checkpoint reads)"
     )
+    models: Path | None = Field(
+        default=None,
+        description="a directory of checkpoints to serve together, one folder (or file) per "
+        'model, each under its name as its id; requests pick one by "model" (default: '
+        "default_model); --model is then not served",
+    )
+    default_model: str | None = Field(
+        default=None,
+        description='with models: the id a body without "model" gets (default: the first id '
+        "in sorted order); it stays loaded",
+    )
+    max_loaded_models: int = Field(
+        default=3,
+        ge=1,
+        description="with models: most models loaded at once; the least recently used idle one "
+        "is unloaded to load another",
+    )
+    model_admin: bool = Field(
+        default=False,
+        description="with models: enable POST /v1/models/{id}/load and /unload (behind the "
+        "API key)",
+    )
     # The side files `sedd generate` takes (``--genes`` ...), made absolute at start-up so that
     # replicas started elsewhere (Ray workers, another working directory) read the same files.
     genes: Path | None = Field(
@@ -148,7 +170,7 @@ class Settings(BaseSettings):
         default="info", description="log verbosity"
     )
 
-    @field_validator("genes", "perturbation_map", "vectors")
+    @field_validator("genes", "perturbation_map", "vectors", "models")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser().absolute()

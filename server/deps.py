@@ -1,4 +1,4 @@
-"""Typed dependencies: the running service.
+"""Typed dependencies: the running default model's service, and the host of every model.
 
 The API key is not a dependency: ``server.http.guard`` checks it once, before routing (and before
 a body is read), and ``server.openapi.apply_auth`` describes that check in the schema.
@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from server.errors import Draining
+from server.model_host import ModelHost
 from server.state import Service
 
 
@@ -22,3 +23,13 @@ def get_service(request: Request) -> Service:
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]
+
+
+def get_host(request: Request) -> ModelHost:
+    host: ModelHost | None = getattr(request.app.state, "host", None)
+    if host is None or getattr(request.app.state, "service", None) is None:
+        raise Draining("the models are not loaded (the server is starting or stopping)")
+    return host
+
+
+HostDep = Annotated[ModelHost, Depends(get_host)]

@@ -113,6 +113,7 @@ def metadata(service: Service, planned: PlannedJob, result: JobResult, job_id: s
         forwards_per_cell=finite_or_zero(result.forwards_per_cell),
         genes_per_forward=finite_or_zero(result.genes_per_forward),
         checkpoint_sha256=service.loaded.file_hash,
+        model=service.model_id,
         engine=engine_record(service.engine),  # type: ignore[arg-type]
     ).model_dump()
 
@@ -211,7 +212,8 @@ def _write_h5ad(service: Service, planned: PlannedJob, result: JobResult, route:
         "fp32_fallbacks": int(result.fp32_fallbacks),
     }
     uns = run_provenance(
-        service.loaded, planned.plan.request, service.precision, timings, {"route": route},
+        service.loaded, planned.plan.request, service.precision, timings,
+        {"route": route, "model_id": service.model_id},
         engine=engine_record(service.engine),
     )  # fmt: skip
     counts, layers = draws_of(service, planned, result)

@@ -44,11 +44,21 @@ DEADLINE_DETAIL = (
 class ModelNotServed(Exception):
     """The body's ``model`` names a model this server does not serve."""
 
-    def __init__(self, asked: str, served: str) -> None:
+    def __init__(self, asked: str, served: list[str]) -> None:
+        known = ", ".join(repr(name) for name in served)
         super().__init__(
-            f"no served model is called {asked!r}; this server serves {served!r} "
-            "(GET /v1/models lists it); send that id or leave out `model`."
+            f"no served model is called {asked!r}; this server serves {known} "
+            "(GET /v1/models lists them); send one of those ids or leave out `model` for the "
+            "default."
         )
+
+
+class ModelInUse(Exception):
+    """An unload of a model that a request or job holds, or of the default model (409)."""
+
+
+class ModelsBusy(Exception):
+    """A model must load and every loaded one has work in flight (503 with Retry-After)."""
 
 
 class Draining(Exception):
@@ -69,6 +79,7 @@ class StorageFull(Exception):
 
 
 RETRY_STORAGE_S = 30
+RETRY_MODELS_BUSY_S = 5  # a model must load and every loaded one is busy: try again soon
 
 
 class Overloaded(Exception):
@@ -86,6 +97,8 @@ MAPPED: tuple[type[Exception], ...] = (
     BodyTooLarge,
     BodyTimeout,
     ModelNotServed,
+    ModelInUse,
+    ModelsBusy,
     EngineFull,
     Overloaded,
     StorageFull,
@@ -128,6 +141,10 @@ def http_error(exc: BaseException) -> HTTPFailure:
             return HTTPFailure(408, str(exc), {"Connection": "close"})
         case ModelNotServed():
             return HTTPFailure(404, str(exc))
+        case ModelInUse():
+            return HTTPFailure(409, str(exc))
+        case ModelsBusy():
+            return HTTPFailure(503, str(exc), _retry_after(RETRY_MODELS_BUSY_S))
         case EngineFull():
             headers = _retry_after(getattr(exc, "retry_after", None))
             return HTTPFailure(
@@ -162,6 +179,8 @@ def http_error(exc: BaseException) -> HTTPFailure:
                 "server's row block sets a forward's memory: SEDD_TOKENS_PER_FORWARD)",
                 _retry_after(RETRY_DRAINING_S),
             )
+        case DeadlineExceeded() if str(exc):  # it passed while the model loaded: say so
+            return HTTPFailure(504, str(exc))
         case JobTimeout() | DeadlineExceeded():
             return HTTPFailure(504, DEADLINE_DETAIL)
         case ClientDisconnected() | JobCancelled():

@@ -32,7 +32,7 @@ from sedd.engine.admission import Work
 from sedd.request.plan import GenerationRequest, Plan, plan
 from server import names
 from server.config import Settings
-from server.errors import FieldError, ModelNotServed, Overloaded
+from server.errors import DeadlineExceeded, FieldError, Overloaded
 from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions
 from server.state import Service
 
@@ -199,13 +199,15 @@ def plan_body(
     settings: Settings,
     body: SamplingOptions,
     clock: Callable[[], float] = time.monotonic,
+    *,
+    arrived: float | None = None,
 ) -> PlannedJob:
     """The body's request (``to_request``), planned once, as one engine job with a deadline on
     ``clock`` (the engine's, ``Engine.clock``) covering every draw of every cell when it asks for
-    several (``Plan.all_draws_job``: the cost admission then counts them all). A body whose
-    ``model`` names another model than the served one raises ``ModelNotServed``."""
-    if body.model is not None and body.model != loaded.path.name:
-        raise ModelNotServed(body.model, loaded.path.name)
+    several (``Plan.all_draws_job``: the cost admission then counts them all). The deadline
+    counts from ``arrived`` (on ``clock``; default now): a request that waited for its model to
+    load has that much less time, and one whose deadline passed meanwhile gets
+    ``DeadlineExceeded``. Which model serves the body is ``server.model_host``'s choice."""
     try:
         request = to_request(body, loaded, settings)
         # planning checks the options against the model too (a sampler its graph cannot take)
@@ -214,7 +216,14 @@ def plan_body(
         field = err.field
         raise FieldError(["body", field], str(err), input=getattr(body, field, None)) from None
     timeout = _timeout(body, settings)
-    job = planned.all_draws_job(deadline=clock() + timeout)
+    now = clock()
+    start = now if arrived is None else arrived
+    if now > start + timeout:
+        raise DeadlineExceeded(
+            f"the request's deadline ({timeout:g} s) passed while its model loaded "
+            f"({now - start:.1f} s); retry now that it is loaded, or raise timeout_s"
+        )
+    job = planned.all_draws_job(deadline=start + timeout)
     return PlannedJob(planned, job, body, timeout)
 
 

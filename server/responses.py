@@ -47,6 +47,7 @@ class ResponseMetadata(BaseModel):
         description="genes a cell drew from the mask per forward, on average"
     )
     checkpoint_sha256: str
+    model: str = Field(default="", description="the id of the model that answered")
     scale: Literal["counts"] = Field(
         default="counts",
         description="what `counts` (and any mean layer) hold: raw counts, never log1p-CP10k",
@@ -118,6 +119,7 @@ class ImputeResponse(BaseModel):
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
+    loaded: Literal[True] = True
     path: str
     architecture: str
     num_parameters: int
@@ -147,9 +149,19 @@ class ModelCard(BaseModel):
     )
 
 
+class UnloadedModel(BaseModel):
+    """A served model not loaded now: it loads on its first request (its card then)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    loaded: Literal[False] = False
+    path: str
+    default: bool = False
+
+
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[ModelCard]
+    data: list[ModelCard | UnloadedModel]
 
 
 class Health(BaseModel):

@@ -78,8 +78,10 @@ class SamplingOptions(_Request):
     )
     model: Name | None = Field(
         default=None,
-        description="the served model's id (GET /v1/models), as OpenAI-style clients send it; "
-        "optional, and a 404 when it names another model",
+        description="which served model answers: its id (GET /v1/models), as OpenAI-style "
+        "clients send it; left out, the default model. An id the server does not serve is a 404 "
+        "naming the served ones. The condition, perturbation and cell-type names and the genes "
+        "a body may use are that model's (its card lists them)",
     )
 
 

@@ -30,7 +30,7 @@ from fastapi import FastAPI
 
 from server.config import Settings
 from server.http.protocol import KEEP_ALIVE_S, TimedH11Protocol
-from server.state import Service
+from server.model_host import ModelHost
 
 log = logging.getLogger("sedd.server")
 EXIT_GRACE_S = 3.0  # after the drain: time for the last responses to be written
@@ -76,11 +76,10 @@ class DrainingServer(uvicorn.Server):
         """The second signal: every request in flight gets its JSON 503 now, then the process
         ends, whatever step the engine is in."""
         state = self.app.state
-        service: Service | None = state.service
+        host: ModelHost | None = state.host
         state.draining = True
-        if service is not None:
-            service.draining = True
-            service.engine.cut()
+        if host is not None:
+            host.cut()
         log.warning("second signal: %d request(s) cut off; exiting", _in_flight(state))
         grace = time.monotonic() + CUT_GRACE_S
         while _in_flight(state) > 0 and time.monotonic() < grace:
@@ -95,17 +94,17 @@ class DrainingServer(uvicorn.Server):
 
     async def drain(self) -> None:
         state = self.app.state
-        service: Service | None = state.service
+        host: ModelHost | None = state.host
         timeout = float(state.settings.drain_timeout_s)
         state.draining = True
-        if service is not None:
-            service.draining = True
+        if host is not None:
+            host.drain()
         log.info("draining: %d request(s) in flight, up to %g s", _in_flight(state), timeout)
         deadline = time.monotonic() + timeout
         while _in_flight(state) > 0 and time.monotonic() < deadline:
             await asyncio.sleep(_POLL_S)
-        if service is not None:  # jobs still running are cut off now (their requests get 503)
-            service.engine.cut()
+        if host is not None:  # jobs still running are cut off now (their requests get 503)
+            host.cut()
         grace = time.monotonic() + EXIT_GRACE_S
         while _in_flight(state) > 0 and time.monotonic() < grace:
             await asyncio.sleep(_POLL_S)

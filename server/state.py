@@ -1,4 +1,5 @@
-"""What the app holds while it runs: one model, one precision policy, one engine, metrics."""
+"""What the app holds for each model it serves: the checkpoint, its precision policy and engine,
+and the app's metrics (``server.model_host.ModelHost`` holds one per loaded model)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Service:
     engine: Engine
     metrics: ServiceMetrics
     draining: bool = field(default=False)
+    model_id: str = ""  # its id among the server's models (``server.model_host``)
 
     def precision_record(self, fp32_fallbacks: int) -> dict[str, object]:
         """The policy's record with this request's own fallback count."""

@@ -95,9 +95,9 @@ class SeddReplica:
         ``/readyz`` says not ready); the count of requests still in flight here."""
         state = _APP[0].state
         state.draining = True
-        service = getattr(state, "service", None)
-        if service is not None:
-            service.draining = True
+        host = getattr(state, "host", None)
+        if host is not None:
+            host.drain()
         return _in_flight(state)
 
     async def cut(self) -> int:
@@ -105,9 +105,9 @@ class SeddReplica:
         at once); the count of requests still in flight here."""
         state = _APP[0].state
         await self.drain()
-        service = getattr(state, "service", None)
-        if service is not None:
-            service.engine.cut()
+        host = getattr(state, "host", None)
+        if host is not None:
+            host.cut()
         return _in_flight(state)
 
     def metrics_text(self) -> tuple[str, bytes]:

@@ -1,37 +1,92 @@
-"""GET /v1/models and /v1/models/{id}: the served model's card."""
+"""GET /v1/models and /v1/models/{id}: the served models' cards; with ``model_admin``, POST
+/v1/models/{id}/load and /unload (behind the API key, as every route but /healthz)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from server.deps import ServiceDep
+from server.deps import HostDep
+from server.errors import ModelNotServed
 from server.http.limits import LimitedRoute
-from server.responses import ErrorBody, ModelCard, ModelList
+from server.model_host import ModelHost
+from server.responses import ErrorBody, ModelCard, ModelList, UnloadedModel
 from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, tags=["models"])
+_UNKNOWN = {404: {"model": ErrorBody, "description": "no served model has this id"}}
 
 
-@router.get("/v1/models", response_model=ModelList, summary="The served model's card")
-async def models(service: ServiceDep) -> ModelList:
-    return ModelList(data=[_card(service)])
+@router.get("/v1/models", response_model=ModelList, summary="The served models' cards")
+async def models(host: HostDep) -> ModelList:
+    return ModelList(data=[_entry(host, model_id) for model_id in host.ids])
 
 
 @router.get(
     "/v1/models/{model_id}",
-    response_model=ModelCard,
-    responses={404: {"model": ErrorBody, "description": "no served model has this id"}},
-    summary="One served model's card (OpenAI-style)",
+    response_model=ModelCard | UnloadedModel,
+    responses=_UNKNOWN,
+    summary="One served model's card (OpenAI-style); a model not loaded now says so",
 )
-async def model(model_id: str, service: ServiceDep) -> ModelCard:
-    card = _card(service)
-    if model_id != card.id:
+async def model(model_id: str, host: HostDep) -> ModelCard | UnloadedModel:
+    if model_id not in host.paths:
+        raise HTTPException(status_code=404, detail=str(ModelNotServed(model_id, host.ids)))
+    return _entry(host, model_id)
+
+
+@router.post(
+    "/v1/models/{model_id}/load",
+    response_model=ModelCard,
+    responses={
+        **_UNKNOWN,
+        403: {"model": ErrorBody, "description": "model_admin is off"},
+        503: {"model": ErrorBody, "description": "every loaded model is busy; see Retry-After"},
+    },
+    summary="Load a served model now (model_admin)",
+)
+async def load(model_id: str, host: HostDep) -> ModelCard:
+    _admin(host)
+    if model_id not in host.paths:
+        raise HTTPException(status_code=404, detail=str(ModelNotServed(model_id, host.ids)))
+    return _card(await host.get(model_id))
+
+
+@router.post(
+    "/v1/models/{model_id}/unload",
+    response_model=UnloadedModel,
+    responses={
+        **_UNKNOWN,
+        403: {"model": ErrorBody, "description": "model_admin is off"},
+        409: {
+            "model": ErrorBody,
+            "description": "the model has work in flight, or is the default model",
+        },
+    },
+    summary="Unload a served model now (model_admin); refused while it has work in flight",
+)
+async def unload(model_id: str, host: HostDep) -> UnloadedModel:
+    _admin(host)
+    if model_id not in host.paths:
+        raise HTTPException(status_code=404, detail=str(ModelNotServed(model_id, host.ids)))
+    host.unload(model_id)  # unloads it, or raises (in use: 409)
+    return UnloadedModel(id=model_id, path=str(host.path(model_id)))
+
+
+def _admin(host: ModelHost) -> None:
+    if not host.settings.model_admin:
         raise HTTPException(
-            status_code=404,
-            detail=f"no served model is called {model_id!r}; this server serves {card.id!r} "
-            "(GET /v1/models lists it).",
+            status_code=403,
+            detail="model loading and unloading over HTTP is off; start the server with "
+            "--model-admin (SEDD_MODEL_ADMIN=1) to enable it",
         )
-    return card
+
+
+def _entry(host: ModelHost, model_id: str) -> ModelCard | UnloadedModel:
+    service = host.services.get(model_id)
+    if service is None:
+        return UnloadedModel(
+            id=model_id, path=str(host.path(model_id)), default=model_id == host.default_id
+        )
+    return _card(service)
 
 
 def _card(service: Service) -> ModelCard:
@@ -39,7 +94,7 @@ def _card(service: Service) -> ModelCard:
     cfg = loaded.config
     perturbation_model = cfg.label_kind == "perturbation"
     card = ModelCard(
-        id=loaded.path.name,
+        id=service.model_id or loaded.path.name,
         path=str(loaded.path),
         architecture=cfg.architecture,
         num_parameters=loaded.num_parameters,

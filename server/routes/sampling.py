@@ -7,7 +7,7 @@ the app's one mapping.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,13 +16,14 @@ from starlette.responses import Response
 
 from sedd.engine import JobResult
 from server import encoding, intake
-from server.deps import ServiceDep
+from server.deps import HostDep
 from server.errors import FieldError, http_error
 from server.events import stream_responses
 from server.http.limits import LimitedRoute
+from server.model_host import ModelHost
 from server.responses import ErrorBody, GenerateResponse, ImputeResponse, PredictResponse
 from server.runner import run_job, stream_job
-from server.schemas import GenerateRequest, ImputeRequest, PredictRequest
+from server.schemas import GenerateRequest, ImputeRequest, PredictRequest, SamplingOptions
 from server.state import Service
 
 router = APIRouter(route_class=LimitedRoute, tags=["sampling"])
@@ -32,12 +33,16 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in (
         (401, "missing or wrong API key"),
-        (404, "the body's `model` is not the served model"),
+        (404, "the body's `model` is none of the served models (GET /v1/models lists them)"),
         (413, "request body over max_body_bytes"),
         (422, "a field is out of bounds or names something the model does not know"),
         (429, "the queue is full; see Retry-After"),
         (500, "the model produced NaN/Inf for this request"),
-        (503, "the server is draining or out of accelerator memory; see Retry-After"),
+        (
+            503,
+            "the server is draining, out of accelerator memory, or must load the body's model "
+            "while every loaded one is busy; see Retry-After",
+        ),
         (504, "the request's deadline passed"),
     )
 }
@@ -46,6 +51,25 @@ _H5AD = {
     507: {"model": ErrorBody, "description": "no room for an .h5ad answer on the server's "
           "temporary disk; see Retry-After, or ask for JSON"},
 }  # fmt: skip
+
+
+async def _routed(
+    host: ModelHost,
+    body: SamplingOptions,
+    request: Request,
+    route: str,
+    encode: BodyFn,
+    answer: Callable[..., Awaitable[Response]],
+) -> Response:
+    """The body's model (``"model"``, else the default; loaded now if it is not), held while
+    the body is planned and its job submitted (``ModelHost.serving``); its deadline counts from
+    now, so a load's wait is part of it."""
+    arrived = host.default.engine.clock()
+    async with host.serving(body.model) as service:
+        planned = intake.plan_body(
+            service.loaded, service.settings, body, service.engine.clock, arrived=arrived
+        )
+        return await answer(service, planned, request, route, encode)
 
 
 async def _answer(
@@ -86,9 +110,8 @@ async def _stream(
     responses={**_ERRORS, **_H5AD},
     summary="Generate whole cells",
 )
-async def generate(body: GenerateRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _answer(service, planned, request, "/generate", encoding.generate_body)
+async def generate(body: GenerateRequest, host: HostDep, request: Request) -> Response:
+    return await _routed(host, body, request, "/generate", encoding.generate_body, _answer)
 
 
 @router.post(
@@ -98,10 +121,9 @@ async def generate(body: GenerateRequest, service: ServiceDep, request: Request)
     summary="Generate whole cells, streaming per-step progress (server-sent events)",
 )
 async def generate_stream(
-    body: GenerateRequest, service: ServiceDep, request: Request
+    body: GenerateRequest, host: HostDep, request: Request
 ) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _stream(service, planned, request, "/generate/stream", encoding.generate_body)
+    return await _routed(host, body, request, "/generate/stream", encoding.generate_body, _stream)
 
 
 @router.post(
@@ -110,9 +132,8 @@ async def generate_stream(
     responses={**_ERRORS, **_H5AD},
     summary="Predict perturbation responses",
 )
-async def predict(body: PredictRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _answer(service, planned, request, "/predict", encoding.predict_body)
+async def predict(body: PredictRequest, host: HostDep, request: Request) -> Response:
+    return await _routed(host, body, request, "/predict", encoding.predict_body, _answer)
 
 
 @router.post(
@@ -122,10 +143,9 @@ async def predict(body: PredictRequest, service: ServiceDep, request: Request) -
     summary="Predict perturbation responses, streaming per-step progress",
 )
 async def predict_stream(
-    body: PredictRequest, service: ServiceDep, request: Request
+    body: PredictRequest, host: HostDep, request: Request
 ) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _stream(service, planned, request, "/predict/stream", encoding.predict_body)
+    return await _routed(host, body, request, "/predict/stream", encoding.predict_body, _stream)
 
 
 @router.post(
@@ -134,9 +154,8 @@ async def predict_stream(
     responses={**_ERRORS, **_H5AD},
     summary="Sample the genes a cell's given counts leave out",
 )
-async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> Response:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _answer(service, planned, request, "/impute", encoding.impute_body)
+async def impute(body: ImputeRequest, host: HostDep, request: Request) -> Response:
+    return await _routed(host, body, request, "/impute", encoding.impute_body, _answer)
 
 
 @router.post(
@@ -145,8 +164,5 @@ async def impute(body: ImputeRequest, service: ServiceDep, request: Request) -> 
     response_class=StreamingResponse,
     summary="Impute, streaming per-step progress",
 )
-async def impute_stream(
-    body: ImputeRequest, service: ServiceDep, request: Request
-) -> StreamingResponse:
-    planned = intake.plan_body(service.loaded, service.settings, body, service.engine.clock)
-    return await _stream(service, planned, request, "/impute/stream", encoding.impute_body)
+async def impute_stream(body: ImputeRequest, host: HostDep, request: Request) -> StreamingResponse:
+    return await _routed(host, body, request, "/impute/stream", encoding.impute_body, _stream)

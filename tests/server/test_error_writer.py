@@ -78,7 +78,8 @@ def _the_one_shape(content_type: str | None, body: bytes) -> Any:
 
 def _app(**overrides: Any) -> Any:
     app = create_app(Settings(**overrides))
-    app.state.service = SimpleNamespace(draining=False)  # past the dependency; never run
+    app.state.service = SimpleNamespace(draining=False)  # past the dependencies; never run
+    app.state.host = SimpleNamespace()
     return app
 
 

@@ -61,7 +61,8 @@ async def test_the_servers_h5ad_carries_the_clis_provenance(tmp_path: Path) -> N
     pd.testing.assert_frame_equal(server.var, cli.var)
     per_run = ("created_utc", "timings")  # when it ran and how long it took
     ours, theirs = dict(server.uns["sedd"]), dict(cli.uns["sedd"])
-    assert ours.pop("route") == "/generate"  # the one extra: which door served it
+    assert ours.pop("route") == "/generate"  # the extras: which door and which model served it
+    assert ours.pop("model_id") == DEFAULT_MODEL.name
     for key in per_run:
         assert key in ours and key in theirs
         del ours[key], theirs[key]

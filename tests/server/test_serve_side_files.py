@@ -93,7 +93,7 @@ async def test_serve_vectors_flag_gives_the_vectors_names_as_labels(
     torch.save(renamed, vectors)
     argv = [*SERVE, "--model", str(experiment), "--vectors", str(vectors)]
     assert main(argv) == 0
-    service = kept[0].state.preloaded
+    service = kept[0].state.preloaded.default
     assert service.loaded.conditions == list(renamed)
     assert service.settings.vectors == vectors
 
@@ -105,7 +105,7 @@ def test_the_positional_genes_warning_says_how_the_server_takes_a_gene_list(
         assert main(SERVE) == 0
     [line] = [r.getMessage() for r in caplog.records if "GENES ARE POSITIONAL" in r.getMessage()]
     assert line.endswith("(sedd serve: --genes FILE or SEDD_GENES=FILE)")
-    assert kept[0].state.preloaded.loaded.config.genes[:2] == ["0", "1"]
+    assert kept[0].state.preloaded.default.loaded.config.genes[:2] == ["0", "1"]
 
 
 def test_a_side_file_that_is_not_there_is_one_line_naming_the_flag(

@@ -309,4 +309,4 @@ def test_serve_flags_override_the_environment(
     assert (settings.model, settings.max_steps) == (model_dir, 7)
     assert settings.api_key.get_secret_value() == "from-env"
     assert "from-env" not in repr(settings)
-    assert seen["preloaded"].loaded.path == model_dir  # loaded before anything listens
+    assert seen["preloaded"].default.loaded.path == model_dir  # loaded before anything listens
