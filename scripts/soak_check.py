@@ -119,7 +119,7 @@ async def soak(server: ServeProcess, seconds: float, clients: int, seed: int) ->
         while time.monotonic() < stop:
             body = {"num_cells": rng.randint(1, 4), "steps": rng.randint(2, 6),
                     "seed": rng.randrange(10**6), "timeout_s": 60}  # fmt: skip
-            began = time.monotonic()
+            began, retry_after = time.monotonic(), 1.0  # a refused stream's wait: 1 s
             try:
                 if rng.random() < 0.2:
                     status, events, _ = await _stream(c, body)
@@ -129,13 +129,14 @@ async def soak(server: ServeProcess, seconds: float, clients: int, seed: int) ->
                     reply = await c.post("/generate", json=body, timeout=120)
                     status = reply.status_code
                     statuses[status] += 1
+                    retry_after = float(reply.headers.get("retry-after", 1))
             except httpx.HTTPError as err:
                 statuses[type(err).__name__] += 1
                 continue
             if status == 200:
                 latencies.append(time.monotonic() - began)
             elif status == 429:
-                await asyncio.sleep(min(float(reply.headers.get("retry-after", 1)), 5))
+                await asyncio.sleep(min(retry_after, 5))
 
     limits = httpx.Limits(max_connections=clients + 4)
     async with httpx.AsyncClient(base_url=server.url, limits=limits) as c:
