@@ -125,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
             "--generated FILE is required (only --perturbation takes --model instead)."
         )
     # Heavy imports here, so other sub-commands don't pay for them.
+    from sedd.eval.gene_metrics import METRIC_SCALES
     from sedd.eval.label_mix import compare_label_mixes
-    from sedd.eval.metrics import METRIC_SCALES, as_count_matrix, evaluate_counts_with_arrays
+    from sedd.eval.metrics import as_count_matrix, evaluate_counts_with_arrays
     from sedd.eval.plots import write_evaluation_plots
 
     console = Console(width=max(Console().width, 160))

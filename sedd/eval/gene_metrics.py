@@ -23,6 +23,7 @@ import numpy as np
 from scipy import sparse, stats
 
 __all__ = [
+    "METRIC_SCALES",
     "TARGET_SUM",
     "as_count_matrix",
     "correlation_error",
@@ -37,6 +38,13 @@ __all__ = [
 ]
 
 TARGET_SUM = 1e4
+# The scale of the inputs and of each metric family, recorded in every metrics.json: the
+# inputs are raw counts; means, correlations and PCs are on log1p-CP10k (``log_normalize``).
+METRIC_SCALES = {
+    "input": "counts",
+    "gene_means_correlations_and_pcs": "log1p_cp10k",
+    "zero_fraction_and_library_size": "counts",
+}
 
 
 def as_count_matrix(counts: np.ndarray | sparse.spmatrix, name: str) -> np.ndarray:

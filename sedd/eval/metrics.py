@@ -51,7 +51,6 @@ __all__ = [
     "BANDWIDTH_SCALES",
     "KNN_FOLDS",
     "KNN_NEIGHBORS",
-    "METRIC_SCALES",
     "MIN_GROUP_CELLS",
     "TARGET_SUM",
     "EvaluationArrays",
@@ -77,13 +76,6 @@ __all__ = [
 # Groups smaller than this on either side get counts only: covariances, kNN folds and MMD
 # U-statistics are meaningless on a handful of cells.
 MIN_GROUP_CELLS = 5
-# The scale of the inputs and of each metric family, recorded in every metrics.json: the
-# inputs are raw counts; means, correlations and PCs are on log1p-CP10k (``log_normalize``).
-METRIC_SCALES = {
-    "input": "counts",
-    "gene_means_correlations_and_pcs": "log1p_cp10k",
-    "zero_fraction_and_library_size": "counts",
-}
 
 
 def fit_real_pca(real_log: np.ndarray, n_pcs: int, seed: int) -> PCA:
