@@ -76,7 +76,12 @@ def compare(
         order = list(runs.values()) if k % 2 == 0 else list(runs.values())[::-1]
         for run in order:
             run.add(labels[lo:hi], seed * 1000 + k)
-    out: dict[str, object] = {"cells": len(labels), "chunks": len(bounds) - 1}
+    out: dict[str, object] = {
+        "cells": len(labels),
+        "chunks": len(bounds) - 1,
+        # the real figure for sets of this size and label mix (the arms' sets are both)
+        "held_out_within_label_agreement": held_out.held_out_agreement(),
+    }
     for name, run in runs.items():
         out[name] = {**run.figures(), "quality": held_out.figures(run.counts(), labels)}
     st3, ours = out["st3"], out["default"]

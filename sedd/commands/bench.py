@@ -291,7 +291,10 @@ def _compare_table(result: dict) -> Table:
             f"{arm['seconds']:.1f}", f"{arm['cells_per_s']:.3f}", str(arm["model_calls"]),
             f"{arm['forwards_per_cell']:.2f}", *(f"{arm['quality'][q]:.4f}" for q in quality),
         )  # fmt: skip
-    table.caption = f"default / st3 cells/s: {result['speedup_cells_per_s']:.2f}x"
+    table.caption = (
+        f"default / st3 cells/s: {result['speedup_cells_per_s']:.2f}x; within-label agreement "
+        f"of the {result['cells']} held-out cells: {result['held_out_within_label_agreement']:.4f}"
+    )
     return table
 
 

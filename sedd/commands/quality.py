@@ -1,8 +1,10 @@
 """``sedd quality``: a quality report of a model against labelled held-out cells.
 
 The model generates ``--seeds`` sets in the held-out cells' label mix (``Model.generate(like=)``,
-as ``sedd generate --like``); ``sedd.eval.quality_report`` scores them; this prints the tables
-and writes ``quality.json`` and the plots. It needs the ``quality`` extra (scanpy, igraph,
+as ``sedd generate --like``); ``sedd.eval.quality_report`` scores each set against the held-out
+cells at equal numbers of cells; this prints the tables and writes ``quality.json`` and the
+plots. A perturbation model gets the perturbation report instead
+(``sedd.commands.quality_perturbation``). It needs the ``quality`` extra (scanpy, igraph,
 umap-learn), checked before anything loads.
 """
 
@@ -46,8 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "in a PCA fitted on the training cells: per-label sub-population recovery (Leiden on "
         "real and generated cells together), within-label correlation agreement, label kNN "
         "accuracy, energy distance and MMD^2 against the real noise floor, a memorisation guard "
-        "and marker-gene scores. Prints tables, writes quality.json and PNG plots to --out. "
-        "Needs pip install -e '.[quality]'.",
+        "and marker-gene scores; each seed's set is scored alone, beside the held-out cells at "
+        "the same size. Prints tables, writes quality.json and PNG plots to --out. A "
+        "perturbation model (one with a control label) gets the perturbation report of sedd "
+        "evaluate --perturbation --model instead, on --real's held-out cells. Needs pip install "
+        "-e '.[quality]'.",
     )
     add_model_arguments(p)
     p.add_argument(
@@ -62,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--test-value", default="test", help="--split-key value of held-out cells")
     p.add_argument(
         "--condition-key",
-        default="bulk_labels",
+        default=None,
         metavar="COLUMN",
-        help="obs column of the labels the model is conditioned on",
+        help="obs column of the labels the model is conditioned on (default: the model's "
+        "label_key, else bulk_labels)",
     )
     p.add_argument(
         "--seeds",
@@ -140,14 +146,20 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}.")
     requested = parse_marker_sets(args.markers or [])
-    real = _read_real(args.real, args.condition_key)
+    real = _read_real(args.real)
+    loaded = load_from_args(args)  # as sedd generate loads --model and its side files
+    model = Model(loaded, resolve_precision(args.precision, loaded.device))
+    if model.control is not None:
+        from sedd.commands.quality_perturbation import run_perturbation_report
+
+        return run_perturbation_report(args, _defaults(), model, real)
+    args.condition_key = args.condition_key or loaded.config.label_key or "bulk_labels"
+    _check_key(real, args.real, args.condition_key)
     train_cells = _split(real, args, args.train_value)
     test_cells = _split(real, args, args.test_value)
     if args.max_cells is not None and args.max_cells < test_cells.n_obs:
         test_cells = _subset(test_cells, args.max_cells, args.seed)
     console = Console(width=max(Console().width, 160))
-    loaded = load_from_args(args)  # as sedd generate loads --model and its side files
-    model = Model(loaded, resolve_precision(args.precision, loaded.device))
     genes = model.genes
     labels = sorted(set(real.obs[args.condition_key].dropna().astype(str)))
     markers = check_marker_sets(requested, labels, genes) or default_marker_sets(labels, genes)
@@ -206,10 +218,13 @@ def run(args: argparse.Namespace) -> int:
             "train": train_cells.n_obs,
             "held_out": test_cells.n_obs,
             "generated": len(gen_seeds),
+            "generated_per_seed": [s.n_obs for s in sets],
         },
         "seconds": {"generating": generating, "report": time.perf_counter() - started},
     }
-    result = {"inputs": inputs, **report}
+    # the inputs' scale, as the cells files' uns["sedd"]["scale"]: real and generated cells are
+    # raw counts; the figures are on their log1p-CP10k values (PCs, correlations, markers)
+    result = {"scale": "counts", "inputs": inputs, **report}
     for table in report_tables(result):
         console.print(table)
     console.print(f"memorisation guard: {report['memorisation']['verdict']}", highlight=False)
@@ -258,7 +273,14 @@ def check_marker_sets(
     return sets
 
 
-def _read_real(path: Path, key: str) -> anndata.AnnData:
+def _defaults() -> argparse.Namespace:
+    """``sedd quality``'s flags as parsed with none given."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["quality"])
+
+
+def _read_real(path: Path) -> anndata.AnnData:
     from sedd.io.read import read_counts
 
     if not path.is_file():
@@ -266,13 +288,15 @@ def _read_real(path: Path, key: str) -> anndata.AnnData:
             f"--real {path}: no such file; pass a labelled .h5ad of real counts "
             f"(default {BUNDLED_DATA})."
         )
-    real = read_counts(path, what="--real")
+    return read_counts(path, what="--real")
+
+
+def _check_key(real: anndata.AnnData, path: Path, key: str) -> None:
     if key not in real.obs.columns:
         raise ValueError(
             f"--condition-key {key!r} is not an obs column of --real {path} (columns: "
             f"{', '.join(map(str, real.obs.columns))}); pass the column that holds the labels."
         )
-    return real
 
 
 def _split(real: anndata.AnnData, args: argparse.Namespace, value: str) -> anndata.AnnData:

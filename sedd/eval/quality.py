@@ -7,7 +7,11 @@ PBMC counts by default); ``HeldOut.figures(counts, labels)`` scores a generated 
 * ``mmd2_rbf`` and ``energy_distance``: distances in a PCA fitted on the training cells;
 * ``within_label_agreement``: Pearson r between the set's within-label gene-gene correlations
   (each label's mean removed) and the training cells'. 0 means no structure inside a label,
-  which is what drawing every gene independently given the label (one step) gives.
+  which is what drawing every gene independently given the label (one step) gives. It grows
+  with the number of cells scored (a correlation matrix from more cells is less noisy), so
+  compare it only between sets of one size: ``sedd calibrate``, ``sedd bench --compare`` and
+  the steps study score sets of the held-out cells' size and label mix, and the held-out
+  cells' own figure (``held_out_agreement``) is the real one at that size.
 
 The study of quality against forwards (``scripts/quality_vs_steps.py``) and ``sedd bench
 --compare`` both use it, so their figures are the same numbers.
@@ -100,3 +104,8 @@ class HeldOut:
         """Pearson r of the set's within-label correlations with the training cells'."""
         mine = within_label_correlation(counts, np.asarray(labels), self.top_genes)
         return float(np.corrcoef(mine, self.reference)[0, 1])
+
+    def held_out_agreement(self) -> float:
+        """The held-out cells' own within-label agreement: the real figure at their size, for
+        sets of the same size and label mix."""
+        return self.within_label_agreement(self.test, self.test_labels)

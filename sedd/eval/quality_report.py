@@ -4,11 +4,17 @@ The generated cells follow the held-out cells' label mix, over one or more seeds
 use a PCA fitted on the real training cells, so that held-out and generated cells are both
 projected out-of-sample; the distances (4) use one fitted on half of them.
 
+Every figure compares equal numbers of cells, or says why its size does not matter (``sizes``
+in the report): each seed's set, matched to the held-out cells' size and label mix
+(``sedd.eval.report_sets``), is scored alone, beside the held-out cells at their own size, and
+summarised as mean and sd over seeds. Figures over all seeds' cells pooled say so in their name
+(``generated_pooled``) and their ``cells``.
+
 1. sub-population recovery per label (``sedd.eval.subpopulations``), on a joint clustering of
-   all real cells (training and held-out) with the generated ones;
-2. within-label gene-gene correlation agreement (``HeldOut.within_label_agreement``), for the
-   largest labels each against that label's training cells, and over all labels; held-out real
-   cells give the reference value;
+   all real cells (training and held-out) with the generated ones, per seed;
+2. within-label gene-gene correlation agreement (``sedd.eval.within_label``), for the largest
+   labels each against that label's training cells, and over all labels, per seed; held-out
+   real cells give the reference value;
 3. label kNN accuracy (``sedd.eval.nearest_training``) of generated and of held-out cells;
 4. energy distance and MMD^2 (``sedd.eval.distances``) of each seed's set against the held-out
    cells, next to the noise floor: held-out cells against training samples of the same size and
@@ -20,40 +26,49 @@ projected out-of-sample; the distances (4) use one fitted on half of them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sedd.eval.distances import energy_distance, mmd2_unbiased
-from sedd.eval.gene_metrics import log_normalize, top_variable_genes
+from sedd.eval.gene_metrics import log_normalize
 from sedd.eval.markers import marker_summary
 from sedd.eval.metrics import fit_real_pca
-from sedd.eval.nearest_training import label_knn_accuracy, memorisation_guard
-from sedd.eval.quality import HeldOut, within_label_correlation
-from sedd.eval.subpopulations import JointEmbedding, joint_embedding, subpopulation_recovery
+from sedd.eval.nearest_training import (
+    label_knn_accuracy,
+    memorisation_guard,
+    nearest_training_distances,
+)
+from sedd.eval.report_sets import LabelledCounts, matched_sample, over_seeds, seed_sets
+from sedd.eval.subpopulations import JointEmbedding, joint_embedding, recovery_over_seeds
+from sedd.eval.within_label import within_label_agreements
+
+__all__ = ["SIZES", "LabelledCounts", "ReportArrays", "distances_with_floor", "quality_report"]
 
 N_PCS = 50
-TOP_GENES = 100  # genes in a within-label correlation matrix (the project's figure uses 100)
-TOP_LABELS = 5  # labels with their own within-label figure: the largest held-out ones
-MIN_LABEL_CELLS = 5  # fewer cells of a label on a side: no within-label figure (None)
 FLOOR_DRAWS = 5  # training samples for the distances' noise floor
-
-
-@dataclass(frozen=True)
-class LabelledCounts:
-    """Raw counts (N, G) over the report's genes and each cell's label (N,)."""
-
-    counts: np.ndarray
-    labels: np.ndarray
-
-    @classmethod
-    def of(cls, counts: np.ndarray, labels: Sequence[object]) -> LabelledCounts:
-        counts = np.asarray(counts, dtype=np.float64)
-        labels = np.asarray([str(x) for x in labels])
-        if counts.ndim != 2 or len(counts) != len(labels):
-            raise ValueError(f"one label a cell: {len(labels)} labels for counts {counts.shape}.")
-        return cls(counts, labels)
+# How each figure of the report handles the number of cells it compares (``sizes``).
+SIZES = {
+    "subpopulations": "per seed: each seed's set (the held-out size and label mix) is checked "
+    "alone against the real sub-clusters, as the held-out cells are; labels_recovered_mean is "
+    "over seeds (pooled seeds' shares are less noisy, so a label would pass more easily)",
+    "within_label_agreement": "per seed: the figure grows with the number of cells, so each "
+    "seed's set (the held-out size and label mix) is scored alone and compared with held_out "
+    "at its own size; generated_pooled pools every seed's cells and is not comparable with it",
+    "label_knn_accuracy": "size-independent: a per-cell share (each cell is classified alone by "
+    "a classifier fitted on the training cells), so its expectation does not depend on how "
+    "many cells are scored; the per-seed values give its spread at the held-out size",
+    "distances": "per seed: each seed's set (the held-out size and label mix) against the "
+    "held-out cells; the floor's training samples have the held-out size and label mix (all of "
+    "a label where the other half of the training cells has fewer)",
+    "memorisation": "size-independent: shares and quantiles of per-cell nearest-training "
+    "distances, whose expectations do not depend on the number of cells (per-seed shares "
+    "given too); exact_copies counts over every generated cell, so pooling only makes the "
+    "guard stricter",
+    "markers": "size-independent: quantiles of a per-cell score, whose expectations do not "
+    "depend on the number of cells; n_real and n_generated say how many each side has",
+}
 
 
 @dataclass(frozen=True)
@@ -79,13 +94,15 @@ def quality_report(
     n_pcs: int = N_PCS,
 ) -> tuple[dict[str, Any], ReportArrays]:
     """The report (JSON-ready) and the arrays of its plots. ``gen_seeds`` (N_gen,): the seed
-    that made each generated cell (the distances are per seed); ``seed``: the PCA's, the
-    clustering's and the UMAP's random state."""
+    that made each generated cell (the figures are per seed); ``seed``: the PCA's, the
+    clustering's and the UMAP's random state, and the subsample's of a seed's set larger than
+    the held-out mix."""
     gen_seeds = np.asarray(gen_seeds)
     if len(gen_seeds) != len(generated.labels):
         raise ValueError(
             f"one seed a generated cell: {len(gen_seeds)} for {len(generated.labels)}."
         )
+    sets = seed_sets(generated.labels, gen_seeds, test.labels, seed)
     train_log, test_log, gen_log = (log_normalize(x.counts) for x in (train, test, generated))
     pca = fit_real_pca(train_log, n_pcs, seed)
     train_pcs, test_pcs, gen_pcs = (pca.transform(x) for x in (train_log, test_log, gen_log))
@@ -94,11 +111,12 @@ def quality_report(
     real_labels = np.concatenate([train.labels, test.labels])
     embedding = joint_embedding(real_pcs, gen_pcs, seed=seed, resolution=resolution)
     held_out_clusters = embedding.real_clusters[len(train.labels) :]
-    recovery = subpopulation_recovery(
+    recovery = recovery_over_seeds(
         real_labels,
         embedding.real_clusters,
         generated.labels,
         embedding.gen_clusters,
+        sets,
         held_out=(test.labels, held_out_clusters),
     )
     markers, scores = marker_summary(
@@ -110,84 +128,76 @@ def quality_report(
         generated.labels,
     )
     report = {
+        "sizes": SIZES,
         "pca": {"fitted_on": "training cells", "components": int(pca.n_components_)},
         "subpopulations": recovery,
-        "within_label_agreement": within_label_agreements(genes, train, test, generated),
-        "label_knn_accuracy": {
-            "generated": label_knn_accuracy(train_pcs, train.labels, gen_pcs, generated.labels),
-            "held_out": label_knn_accuracy(train_pcs, train.labels, test_pcs, test.labels),
-        },
+        "within_label_agreement": within_label_agreements(genes, train, test, generated, sets),
+        "label_knn_accuracy": _knn_accuracies(
+            (train_pcs, train.labels), (test_pcs, test.labels), (gen_pcs, generated.labels), sets
+        ),
         "distances": distances_with_floor(
-            train_log, train.labels, test_log, test.labels, gen_log, gen_seeds, seed=seed
+            train_log, train.labels, test_log, test.labels, gen_log, sets, seed=seed
         ),
-        "memorisation": memorisation_guard(
-            train_pcs, test_pcs, gen_pcs, train_counts=train.counts, gen_counts=generated.counts
-        ),
+        "memorisation": _memorisation(train, train_pcs, test_pcs, generated, gen_pcs, sets),
         "markers": markers,
     }
     return report, ReportArrays(embedding, real_labels, generated.labels, scores)
 
 
-def within_label_agreements(
-    genes: Sequence[str],
-    train: LabelledCounts,
-    test: LabelledCounts,
-    generated: LabelledCounts,
-    top_labels: int = TOP_LABELS,
+PcsAndLabels = tuple[np.ndarray, np.ndarray]  # (N, P) PCA scores and (N,) labels
+
+
+def _knn_accuracies(
+    train: PcsAndLabels,
+    test: PcsAndLabels,
+    generated: PcsAndLabels,
+    sets: Mapping[int, np.ndarray],
 ) -> dict[str, Any]:
-    """Pearson r of within-label gene-gene correlations with the training cells': over all
-    labels (the project's figure: 100 genes most variable in the training cells), and for the
-    ``top_labels`` largest held-out labels, each against its own training cells over its own
-    100 most variable genes. Held-out real cells give the reference value of each."""
-    top = top_variable_genes(log_normalize(train.counts), TOP_GENES)
-    held = HeldOut(
-        genes=list(genes),
-        test=test.counts,
-        test_labels=list(test.labels),
-        train=train.counts,
-        reference=within_label_correlation(train.counts, train.labels, top),
-        top_genes=top,
-    )
-    names, counts = np.unique(test.labels, return_counts=True)
-    largest = [str(n) for _, n in sorted(zip(-counts, names, strict=True))][:top_labels]
-    per_label = {}
-    for label in largest:
-        label_train = train.counts[train.labels == label]
-        sets = {
-            "held_out": test.counts[test.labels == label],
-            "generated": generated.counts[generated.labels == label],
-        }
-        entry: dict[str, Any] = {"n_train": len(label_train)}
-        entry |= {f"n_{name}": len(counts) for name, counts in sets.items()}
-        if len(label_train) < MIN_LABEL_CELLS:
-            per_label[label] = entry | {"held_out": None, "generated": None}
-            continue
-        label_top = top_variable_genes(log_normalize(label_train), TOP_GENES)
-        reference = within_label_correlation(
-            label_train, np.full(len(label_train), label), label_top
-        )
-        mine = replace(held, reference=reference, top_genes=label_top)
-        for name, counts in sets.items():
-            entry[name] = _agreement(mine, counts, label)
-        per_label[label] = entry
+    """Label kNN accuracy of the held-out cells, of each seed's set and of all seeds pooled."""
+    gen_pcs, gen_labels = generated
+    per_seed = [
+        label_knn_accuracy(*train, gen_pcs[rows], gen_labels[rows])["accuracy"]
+        if len(rows)
+        else None
+        for rows in sets.values()
+    ]
     return {
-        "all_labels": {
-            "held_out": _finite(held.within_label_agreement(test.counts, test.labels)),
-            "generated": _finite(held.within_label_agreement(generated.counts, generated.labels)),
+        "cells": {
+            "held_out": len(test[1]),
+            "generated_per_seed": [len(rows) for rows in sets.values()],
+            "generated_pooled": len(gen_labels),
         },
-        "per_label": per_label,
+        "held_out": label_knn_accuracy(*train, *test),
+        **over_seeds(per_seed, "generated_accuracy"),
+        "generated_pooled": label_knn_accuracy(*train, *generated),
     }
 
 
-def _agreement(held: HeldOut, counts: np.ndarray, label: str) -> float | None:
-    if len(counts) < MIN_LABEL_CELLS:
-        return None
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return _finite(held.within_label_agreement(counts, [label] * len(counts)))
-
-
-def _finite(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
+def _memorisation(
+    train: LabelledCounts,
+    train_pcs: np.ndarray,
+    test_pcs: np.ndarray,
+    generated: LabelledCounts,
+    gen_pcs: np.ndarray,
+    sets: Mapping[int, np.ndarray],
+) -> dict[str, Any]:
+    """The guard over every generated cell, and each seed's share closer than the held-out
+    cells' 5th percentile."""
+    guard = memorisation_guard(
+        train_pcs, test_pcs, gen_pcs, train_counts=train.counts, gen_counts=generated.counts
+    )
+    nearest = nearest_training_distances(train_pcs, gen_pcs)  # (N_gen,)
+    per_seed = [
+        float(np.mean(nearest[rows] < guard["held_out_p5"])) if len(rows) else None
+        for rows in sets.values()
+    ]
+    cells = {
+        "train": len(train.labels),
+        "held_out": len(test_pcs),
+        "generated": len(gen_pcs),
+        "generated_per_seed": [len(rows) for rows in sets.values()],
+    }
+    return {"cells": cells, **guard, **over_seeds(per_seed, "closer_than_held_out_p5")}
 
 
 def distances_with_floor(
@@ -196,14 +206,15 @@ def distances_with_floor(
     test_log: np.ndarray,
     test_labels: np.ndarray,
     gen_log: np.ndarray,
-    gen_seeds: np.ndarray,
+    sets: Mapping[int, np.ndarray],
     *,
     seed: int = 0,
     n_pcs: int = N_PCS,
     draws: int = FLOOR_DRAWS,
 ) -> dict[str, Any]:
-    """Energy distance and MMD^2 of each seed's generated set against the held-out cells, and
-    their noise floor: the held-out cells against ``draws`` samples of real training cells in
+    """Energy distance and MMD^2 of each seed's generated set (``sets``: seed -> rows of
+    ``gen_log``, each in the held-out size and label mix) against the held-out cells, and their
+    noise floor: the held-out cells against ``draws`` samples of real training cells in
     the held-out label mix (as many of each label, or all a label has). Mean and sd of each.
 
     Every compared set must be out-of-sample for the PCA: training cells a PCA was fitted on
@@ -216,11 +227,16 @@ def distances_with_floor(
     pca = fit_real_pca(train_log[fit], n_pcs, seed)
     test_pcs, gen_pcs = pca.transform(test_log), pca.transform(gen_log)
     pool_pcs, pool_labels = pca.transform(train_log[~fit]), train_labels[~fit]
-    floor_sets = [pool_pcs[_matched_sample(pool_labels, test_labels, rng)] for _ in range(draws)]
-    gen_sets = [gen_pcs[gen_seeds == s] for s in np.unique(gen_seeds)]
+    floor_sets = [pool_pcs[matched_sample(pool_labels, test_labels, rng)] for _ in range(draws)]
+    gen_sets = [gen_pcs[rows] for rows in sets.values()]
     out: dict[str, Any] = {
         "pca": {"fitted_on": "half the training cells", "cells": int(fit.sum())},
         "floor": "held-out vs the other training cells, same size and label mix",
+        "cells": {
+            "held_out": len(test_pcs),
+            "generated_per_seed": [len(pts) for pts in gen_sets],
+            "floor_per_draw": [len(pts) for pts in floor_sets],
+        },
     }
     for name, distance in (("energy_distance", energy_distance), ("mmd2_rbf", mmd2_unbiased)):
         generated = [distance(test_pcs, pts) for pts in gen_sets]
@@ -243,15 +259,3 @@ def _label_half(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         rows = rng.permutation(np.flatnonzero(labels == label))
         half[rows[: (len(rows) + 1) // 2]] = True
     return half
-
-
-def _matched_sample(
-    pool_labels: np.ndarray, wanted_labels: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
-    """Row indices of ``pool_labels``: as many of each label as ``wanted_labels`` has (all of a
-    label when the pool has fewer), drawn without replacement, sorted."""
-    rows = []
-    for label, n in zip(*np.unique(wanted_labels, return_counts=True), strict=True):
-        pool = np.flatnonzero(pool_labels == label)
-        rows.append(rng.choice(pool, min(int(n), len(pool)), replace=False))
-    return np.sort(np.concatenate(rows))

@@ -11,7 +11,10 @@ the two sets spread over the label's clusters:
   label's real cells, with the share of the label's real and of its generated cells in it. The
   label is *recovered* when every such cluster's generated share is within ``TOLERANCE`` of its
   real share. The held-out real cells, scored the same way, show how often a set of that size
-  passes by chance (a label's 8 held-out cells move a share by 12.5 points a cell).
+  passes by chance (a label's 8 held-out cells move a share by 12.5 points a cell);
+* ``recovery_over_seeds``: the same check on each seed's generated set alone, each the held-out
+  cells' size and label mix, so a seed's count of labels recovered compares with the held-out
+  cells' (pooling seeds would let a label pass more easily: more cells, less noisy shares).
 
 scanpy (with igraph and umap-learn) is imported when ``joint_embedding`` runs: it is the
 ``quality`` extra, not a base dependency.
@@ -19,11 +22,13 @@ scanpy (with igraph and umap-learn) is imported when ``joint_embedding`` runs: i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from sedd.eval.report_sets import over_seeds
 
 MIN_SHARE = 0.15  # a real sub-cluster is checked when it holds this share of its label's cells
 TOLERANCE = 0.10  # generated share within +-10 points of the real share
@@ -132,6 +137,79 @@ def subpopulation_recovery(
     if held_out is not None:
         out["held_out_labels_recovered"] = sum(e["held_out_recovered"] for e in labels.values())
     return out | {"labels": labels}
+
+
+def recovery_over_seeds(
+    real_labels: Sequence[str],
+    real_clusters: Sequence[str],
+    gen_labels: np.ndarray,
+    gen_clusters: np.ndarray,
+    sets: Mapping[int, np.ndarray],
+    held_out: tuple[Sequence[str], Sequence[str]],
+    *,
+    min_share: float = MIN_SHARE,
+    tolerance: float = TOLERANCE,
+) -> dict[str, Any]:
+    """``subpopulation_recovery`` of each seed's set (``sets``: seed -> rows of the generated
+    cells, each in the held-out size and mix) against the same real sub-clusters, merged: per
+    label and cluster the real and held-out shares, each seed's generated share and its mean;
+    per label the seeds that recover it; ``labels_recovered_per_seed`` / ``_mean`` / ``_sd``
+    beside ``held_out_labels_recovered``."""
+    if not sets:
+        raise ValueError("sub-population recovery needs >= 1 generated set, got none.")
+    gen_labels, gen_clusters = _pair(gen_labels, gen_clusters, "generated")
+    per_seed = [
+        subpopulation_recovery(
+            real_labels,
+            real_clusters,
+            gen_labels[rows],
+            gen_clusters[rows],
+            held_out=held_out,
+            min_share=min_share,
+            tolerance=tolerance,
+        )
+        for rows in sets.values()
+    ]
+    labels = {}
+    for label, first in per_seed[0]["labels"].items():
+        entries = [report["labels"][label] for report in per_seed]
+        clusters = []
+        for k, row in enumerate(first["clusters"]):
+            shares = [entry["clusters"][k]["generated_share"] for entry in entries]
+            clusters.append(
+                {key: row[key] for key in ("cluster", "real_share", "held_out_share")}
+                | {"held_out_within_tolerance": row["held_out_within_tolerance"]}
+                | over_seeds(shares, "generated_share")
+                | {
+                    "generated_within_tolerance_per_seed": [
+                        entry["clusters"][k]["generated_within_tolerance"] for entry in entries
+                    ]
+                }
+            )
+        recovered = [entry["recovered"] for entry in entries]
+        labels[label] = {
+            "n_real": first["n_real"],
+            "n_held_out": first["n_held_out"],
+            "n_generated_per_seed": [entry["n_generated"] for entry in entries],
+            "clusters": clusters,
+            "recovered_per_seed": recovered,
+            "seeds_recovered": sum(recovered),
+            "held_out_recovered": first["held_out_recovered"],
+        }
+    return {
+        "min_share": min_share,
+        "tolerance": tolerance,
+        "n_clusters": len(set(np.asarray(real_clusters, str)) | set(gen_clusters)),
+        "labels_checked": len(labels),
+        "cells": {
+            "real": len(real_labels),
+            "held_out": len(held_out[0]),
+            "generated_per_seed": [len(rows) for rows in sets.values()],
+        },
+        **over_seeds([report["labels_recovered"] for report in per_seed], "labels_recovered"),
+        "held_out_labels_recovered": per_seed[0]["held_out_labels_recovered"],
+        "labels": labels,
+    }
 
 
 def _pair(labels: Sequence[str], clusters: Sequence[str], name: str) -> tuple[np.ndarray, ...]:

@@ -102,6 +102,7 @@ def test_compare_runs_st3s_pattern_and_our_default_with_quality_ratio_and_mfu(tm
     assert (ours["sampler"], ours["steps"], ours["time_grid"]) == (
         default["sampler"], default["steps"], default["time_grid"])  # fmt: skip
     assert result["cells"] == 12 and result["chunks"] == 3
+    assert -1.0 <= result["held_out_within_label_agreement"] <= 1.0  # the real one, 12 cells
     # one cell a call in st3's pattern: up to 50 steps and the denoise for each of 12 cells (a
     # cell whose 12 genes are all drawn leaves, and runs no more forwards)
     assert 12 * 12 <= st3["model_calls"] <= 12 * 51

@@ -19,7 +19,9 @@ from sedd.cli import main
 from sedd.commands.quality import check_marker_sets, parse_marker_sets
 from sedd.eval.markers import PLASMA_LABEL, PLASMA_MARKERS, default_marker_sets
 from sedd.eval.quality_report import LabelledCounts, ReportArrays, quality_report
+from sedd.eval.report_sets import seed_sets
 from sedd.eval.subpopulations import joint_embedding
+from sedd.eval.within_label import within_label_agreements
 
 GENES = [f"g{i}" for i in range(40)]
 HIGH = {"A1": slice(0, 6), "A2": slice(6, 12), "B": slice(12, 18)}
@@ -41,10 +43,15 @@ def draw(rng: np.random.Generator, spec: tuple[tuple[str, int], ...], module: bo
     return LabelledCounts.of(np.vstack(counts), labels)
 
 
-def report(generated: LabelledCounts, seeds: np.ndarray | None = None, module: bool = False):
-    """The report of ``generated`` against cells drawn with seed 0: training, then held-out."""
+def real_cells(module: bool = False) -> tuple[LabelledCounts, LabelledCounts]:
+    """The training and held-out cells every report compares with (drawn with seed 0)."""
     rng = np.random.default_rng(0)
-    train, test = draw(rng, TRAIN, module), draw(rng, TEST, module)
+    return draw(rng, TRAIN, module), draw(rng, TEST, module)
+
+
+def report(generated: LabelledCounts, seeds: np.ndarray | None = None, module: bool = False):
+    """The report of ``generated`` against ``real_cells``; and the training cells."""
+    train, test = real_cells(module)
     if seeds is None:
         seeds = np.zeros(len(generated.labels), dtype=int)
     return quality_report(GENES, train, test, generated, seeds, n_pcs=10), train
@@ -57,21 +64,25 @@ def test_only_one_of_two_subpopulations_scores_zero_in_the_other_cluster() -> No
     label_a = result["subpopulations"]["labels"]["A"]
     row = next(c for c in label_a["clusters"] if c["cluster"] == a2_cluster)
     assert row["real_share"] == pytest.approx(0.5, abs=0.05)
-    assert row["generated_share"] <= 0.02
-    assert not row["generated_within_tolerance"] and label_a["recovered"] is False
-    assert result["subpopulations"]["labels"]["B"]["recovered"] is True
+    assert row["generated_share_per_seed"] == [row["generated_share_mean"]]
+    assert row["generated_share_mean"] <= 0.02
+    assert row["generated_within_tolerance_per_seed"] == [False]
+    assert label_a["recovered_per_seed"] == [False] and label_a["seeds_recovered"] == 0
+    assert result["subpopulations"]["labels"]["B"]["recovered_per_seed"] == [True]
 
 
 def test_both_subpopulations_are_recovered_within_ten_points() -> None:
     both = draw(np.random.default_rng(1), (("A1", 30), ("A2", 30), ("B", 40)))
     (result, arrays), _ = report(both)
     label_a = result["subpopulations"]["labels"]["A"]
-    assert label_a["recovered"] is True
-    shares = {c["cluster"]: (c["real_share"], c["generated_share"]) for c in label_a["clusters"]}
+    assert label_a["recovered_per_seed"] == [True]
+    shares = {
+        c["cluster"]: (c["real_share"], c["generated_share_mean"]) for c in label_a["clusters"]
+    }
     for rows in (slice(0, 60), slice(60, 120)):  # A1's and A2's cluster, each half of A
         real, generated = shares[_cluster_of(arrays, rows)]
         assert abs(generated - real) <= 0.10 and real == pytest.approx(0.5, abs=0.05)
-    assert result["subpopulations"]["labels_recovered"] == 2
+    assert result["subpopulations"]["labels_recovered_per_seed"] == [2]
     assert result["subpopulations"]["held_out_labels_recovered"] == 2
 
 
@@ -106,12 +117,15 @@ def test_fresh_cells_of_the_same_law_pass_the_guard() -> None:
 def test_knn_accuracy_of_a_perfectly_labelled_copy_is_one_and_of_swapped_labels_zero() -> None:
     train = draw(np.random.default_rng(0), TRAIN)
     (result, _), _ = report(train)
-    assert result["label_knn_accuracy"]["generated"]["accuracy"] == 1.0
-    assert result["label_knn_accuracy"]["held_out"]["accuracy"] == 1.0
+    knn = result["label_knn_accuracy"]
+    assert knn["generated_pooled"]["accuracy"] == 1.0 and knn["held_out"]["accuracy"] == 1.0
+    assert knn["generated_accuracy_per_seed"] == [1.0]
+    assert knn["cells"] == {"held_out": 50, "generated_per_seed": [50], "generated_pooled": 200}
     swapped = np.where(train.labels == "A", "B", "A")
     (result, _), _ = report(LabelledCounts.of(train.counts, swapped))
-    assert result["label_knn_accuracy"]["generated"]["accuracy"] == 0.0
-    assert result["label_knn_accuracy"]["generated"]["per_label"] == {"A": 0.0, "B": 0.0}
+    assert result["label_knn_accuracy"]["generated_pooled"]["accuracy"] == 0.0
+    assert result["label_knn_accuracy"]["generated_pooled"]["per_label"] == {"A": 0.0, "B": 0.0}
+    assert result["label_knn_accuracy"]["generated_accuracy_mean"] == 0.0
 
 
 def test_distances_sit_at_the_noise_floor_for_the_same_law_and_far_above_for_another() -> None:
@@ -138,11 +152,11 @@ def test_within_label_agreement_sees_the_module_in_real_cells_and_not_in_shuffle
         shuffled[b_rows, gene] = shuffled[rng.permutation(b_rows), gene]
     (result, _), _ = report(LabelledCounts.of(shuffled, fresh.labels), module=True)
     b = result["within_label_agreement"]["per_label"]["B"]
-    assert (b["n_train"], b["n_held_out"], b["n_generated"]) == (80, 20, 20)
+    assert (b["n_train"], b["n_held_out"], b["n_generated_per_seed"]) == (80, 20, [20])
     assert b["held_out"] > 0.4
-    assert abs(b["generated"]) < 0.2
+    assert abs(b["generated_mean"]) < 0.2 and b["generated_per_seed"] == [b["generated_mean"]]
     (result, _), _ = report(fresh, module=True)
-    assert result["within_label_agreement"]["per_label"]["B"]["generated"] > 0.4
+    assert result["within_label_agreement"]["per_label"]["B"]["generated_mean"] > 0.4
 
 
 def test_clusters_and_umap_are_the_same_for_the_same_seed() -> None:
@@ -230,17 +244,83 @@ def test_the_command_writes_the_report_and_plots_for_the_bundled_model(
     assert "sub-population recovery" in printed and "memorisation guard: " in printed
     result = json.loads((out / "quality.json").read_text())
     assert list(result) == [
-        "inputs", "pca", "subpopulations", "within_label_agreement", "label_knn_accuracy",
-        "distances", "memorisation", "markers", "plots",
+        "scale", "inputs", "sizes", "pca", "subpopulations", "within_label_agreement",
+        "label_knn_accuracy", "distances", "memorisation", "markers", "plots",
     ]  # fmt: skip
-    assert result["inputs"]["cells"] == {"train": 595, "held_out": 20, "generated": 20}
+    assert result["scale"] == "counts"
+    assert result["inputs"]["cells"] == {
+        "train": 595, "held_out": 20, "generated": 20, "generated_per_seed": [20]
+    }  # fmt: skip
+    assert set(result["sizes"]) == set(result) - {"scale", "inputs", "sizes", "pca", "plots"}
+    assert result["within_label_agreement"]["all_labels"]["cells"]["generated_per_seed"] == [20]
     assert result["inputs"]["steps"] == 2 and result["inputs"]["seeds"] == [0]
     assert result["subpopulations"]["labels_checked"] == 10
     assert list(result["markers"]) == [PLASMA_LABEL]
     assert result["markers"][PLASMA_LABEL]["genes"] == list(PLASMA_MARKERS)
     assert set(result["markers"][PLASMA_LABEL]["real"]) == {"q10", "q25", "q50", "q75", "q90"}
-    assert 0.0 <= result["label_knn_accuracy"]["generated"]["accuracy"] <= 1.0
+    assert 0.0 <= result["label_knn_accuracy"]["generated_accuracy_mean"] <= 1.0
     assert result["memorisation"]["exact_copies"] == 0
     assert result["plots"] == ["umap.png", "markers_CD19_B.png"]
     for name in result["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- equal numbers of cells ------------------------------------------------------------------
+
+
+def test_each_seed_is_scored_alone_at_the_held_out_size() -> None:
+    rng = np.random.default_rng(5)
+    sets = [draw(rng, TEST, module=True) for _ in range(3)]  # three seeds, the held-out mix
+    pooled = LabelledCounts.of(
+        np.vstack([s.counts for s in sets]), np.concatenate([s.labels for s in sets])
+    )
+    (result, _), _ = report(pooled, np.repeat([0, 1, 2], 50), module=True)
+    train, test = real_cells(module=True)
+    everything = result["within_label_agreement"]["all_labels"]
+    assert everything["cells"] == {
+        "held_out": 50, "generated_per_seed": [50, 50, 50], "generated_pooled": 150
+    }  # fmt: skip
+    alone = [
+        within_label_agreements(GENES, train, test, s, {0: np.arange(50)})["all_labels"]
+        for s in sets
+    ]
+    assert everything["generated_per_seed"] == [a["generated_mean"] for a in alone]
+    assert everything["generated_mean"] == pytest.approx(np.mean(everything["generated_per_seed"]))
+    # more cells read higher: the pooled figure is above every seed's
+    assert everything["generated_pooled"] > max(everything["generated_per_seed"])
+    b = result["within_label_agreement"]["per_label"]["B"]
+    assert (b["n_held_out"], b["n_generated_per_seed"], b["n_generated_pooled"]) == (
+        20, [20, 20, 20], 60
+    )  # fmt: skip
+    recovery = result["subpopulations"]
+    assert recovery["cells"]["generated_per_seed"] == [50, 50, 50]
+    assert len(recovery["labels_recovered_per_seed"]) == 3
+    assert result["distances"]["cells"]["generated_per_seed"] == [50, 50, 50]
+    assert result["label_knn_accuracy"]["cells"]["generated_pooled"] == 150
+
+
+def test_a_copy_of_the_held_out_cells_scores_exactly_the_held_out_figures() -> None:
+    _, test = real_cells(module=True)
+    copies = LabelledCounts.of(np.vstack([test.counts] * 3), np.tile(test.labels, 3))
+    (result, _), _ = report(copies, np.repeat([0, 1, 2], 50), module=True)
+    agreement = result["within_label_agreement"]
+    for entry in [agreement["all_labels"], *agreement["per_label"].values()]:
+        assert entry["held_out"] is not None
+        assert entry["generated_per_seed"] == [entry["held_out"]] * 3
+        assert entry["generated_sd"] == 0.0
+    knn = result["label_knn_accuracy"]
+    assert knn["generated_accuracy_per_seed"] == [knn["held_out"]["accuracy"]] * 3
+    guard = result["memorisation"]
+    share = guard["closer_than_held_out_p5_per_seed"][0]
+    # the held-out cells' own share: 3 of 50 sit below their interpolated 5th percentile
+    assert guard["closer_than_held_out_p5_per_seed"] == [share] * 3 and share == 3 / 50
+
+
+def test_a_seed_set_larger_than_the_held_out_mix_is_subsampled_to_it() -> None:
+    held_out = np.array(["A"] * 10 + ["B"] * 8)
+    labels = np.array(["A"] * 30 + ["B"] * 5 + ["B"] * 8 + ["A"] * 10)
+    seeds = np.array([0] * 35 + [1] * 18)
+    sets = seed_sets(labels, seeds, held_out)
+    assert list(sets) == [0, 1]
+    assert (labels[sets[0]] == "A").sum() == 10 and (labels[sets[0]] == "B").sum() == 5
+    assert sets[1].tolist() == list(range(35, 53))  # the held-out mix: kept whole, in order
