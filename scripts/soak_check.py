@@ -38,7 +38,7 @@ import numpy as np
 from serve_process import ServeProcess
 
 BASE = ["--precision", "fp32", "--device", "cpu"]
-CELLS_OF = re.compile(r"^sedd_jobs_total\{outcome=\"(\w+)\"\} ([0-9.e+]+)$", re.M)
+CELLS_OF = re.compile(r"^sedd_jobs_total\{model=\"[^\"]*\",outcome=\"(\w+)\"\} ([0-9.e+]+)$", re.M)
 
 
 def _rss_bytes(pid: int) -> int:

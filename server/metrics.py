@@ -1,10 +1,13 @@
 """Prometheus metrics, in a registry per app (never the process-global one).
 
-* ``requests_total{route, outcome}``: outcome is ok / rejected / cancelled / timeout / error,
-  derived from the response status by ``MetricsMiddleware``.
-* ``request_seconds{route}`` (end to end) and ``queue_seconds{route}`` histograms.
-* Engine side (``EngineObserver``, called on the engine thread): rows per forward, step time,
-  cells and tokens generated, fp32 fallbacks.
+Every request and engine series carries ``model``: the id of the model that served it
+(``server.model_host``; "" for routes that serve none: probes, /metrics, model cards, 404s).
+
+* ``requests_total{route, outcome, model}``: outcome is ok / rejected / cancelled / timeout /
+  error, derived from the response status by ``MetricsMiddleware``.
+* ``request_seconds{route, model}`` (end to end) and ``queue_seconds{route, model}`` histograms.
+* Engine side (``ModelObserver``, one per model's engine, called on the engine thread): rows per
+  forward, step time, forwards, cells and tokens generated, fp32 fallbacks, engine gauges.
 * From the app's ``sedd.engine.monitor.Monitor`` (created by the lifespan, fed by the observer), one
   snapshot per scrape: cells/s, tokens/s and forwards/s over the last minute; process RSS
   (current and peak) and, on CUDA, allocated accelerator memory (current and peak since
@@ -14,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -98,7 +102,8 @@ def monitor_families(snap: MonitorSnapshot | None) -> list[Metric]:
 
 
 class ServiceMetrics:
-    """All of one app's metrics; the instance itself is the engine's observer."""
+    """All of one app's metrics; ``observe(model_id, engine, num_genes)`` gives each model's
+    engine its observer."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -107,46 +112,53 @@ class ServiceMetrics:
         reg = self.registry
         self.requests = Counter(
             "sedd_requests",
-            "HTTP requests by route and outcome",
-            ["route", "outcome"],
+            "HTTP requests by route, outcome and model",
+            ["route", "outcome", "model"],
             registry=reg,
         )
         self.request_seconds = Histogram(
             "sedd_request_seconds",
             "end-to-end latency",
-            ["route"],
+            ["route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
         self.queue_seconds = Histogram(
             "sedd_queue_seconds",
             "time a job waited before its first step",
-            ["route"],
+            ["route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
         self.rows_per_forward = Histogram(
             "sedd_rows_per_forward",
             "rows packed into one model forward",
+            ["model"],
             buckets=ROWS_BUCKETS,
             registry=reg,
         )
         self.step_seconds = Histogram(
             "sedd_step_seconds",
             "wall time of one engine step (forward + sampler)",
+            ["model"],
             buckets=STEP_BUCKETS,
             registry=reg,
         )
-        self.jobs = Counter("sedd_jobs", "engine jobs by outcome", ["outcome"], registry=reg)
-        self.forwards = Counter("sedd_forwards", "model forwards run (calls)", registry=reg)
-        self.block_rows = 1  # rows every forward computes (``attach``)
-        self._rows = (0, 0)  # (stepped, computed) since start: the padding gauge's
-        self.rows_stepped = Counter(
-            "sedd_rows_stepped", "rows of requests stepped by model forwards", registry=reg
+        self.jobs = Counter(
+            "sedd_jobs", "engine jobs by outcome", ["outcome", "model"], registry=reg
         )
+        self.forwards = Counter(
+            "sedd_forwards", "model forwards run (calls)", ["model"], registry=reg
+        )
+        self._rows = (0, 0)  # (stepped, computed) since start, every model: the padding gauge's
+        self.rows_stepped = Counter(
+            "sedd_rows_stepped", "rows of requests stepped by model forwards", ["model"],
+            registry=reg,
+        )  # fmt: skip
         self.rows_computed = Counter(
             "sedd_rows_computed",
             "rows model forwards computed: whole row blocks, padding rows included",
+            ["model"],
             registry=reg,
         )
         Gauge(
@@ -154,78 +166,73 @@ class ServiceMetrics:
             "rows computed / rows stepped since start (1: no padding; 0 before any forward)",
             registry=reg,
         ).set_function(self._padding)
-        self.cells = Counter("sedd_cells_generated", "cells generated", registry=reg)
+        self.cells = Counter("sedd_cells_generated", "cells generated", ["model"], registry=reg)
         # forwards per cell = sedd_cell_forwards / sedd_cells_generated; genes committed per
         # forward = sedd_genes_committed / sedd_cell_forwards
         self.cell_forwards = Counter(
-            "sedd_cell_forwards", "forwards summed over the cells generated", registry=reg
-        )
+            "sedd_cell_forwards", "forwards summed over the cells generated", ["model"],
+            registry=reg,
+        )  # fmt: skip
         self.genes_committed = Counter(
             "sedd_genes_committed", "genes drawn from the mask over the cells generated",
-            registry=reg,
+            ["model"], registry=reg,
         )  # fmt: skip
         self.forwards_per_cell = Histogram(
             "sedd_forwards_per_cell",
             "forwards a cell took, one observation per finished request (its mean)",
+            ["model"],
             buckets=FORWARDS_PER_CELL_BUCKETS,
             registry=reg,
         )
-        self.tokens = Counter("sedd_tokens_generated", "gene tokens generated", registry=reg)
-        self.fallbacks = Counter(
-            "sedd_fp32_fallbacks", "rows recomputed in fp32 after a non-finite score", registry=reg
+        self.tokens = Counter(
+            "sedd_tokens_generated", "gene tokens generated", ["model"], registry=reg
         )
+        self.fallbacks = Counter(
+            "sedd_fp32_fallbacks", "rows recomputed in fp32 after a non-finite score", ["model"],
+            registry=reg,
+        )  # fmt: skip
         reg.register(MonitorCollector(self))
         self.engine_gauges = Gauge(
             "sedd_engine",
             "engine state: queued_jobs, active_jobs, active_rows",
-            ["quantity"],
+            ["quantity", "model"],
             registry=reg,
         )
 
-    def attach(self, engine: Any, monitor: Monitor) -> None:
-        """At start-up: gauges read from the engine and ``monitor`` (started, on the model's
-        device, with ``window_s=RATE_WINDOW_S``) at scrape time; the observer feeds ``monitor``."""
+    def attach(self, monitor: Monitor) -> None:
+        """At start-up: the process gauges read ``monitor`` (started, on the default model's
+        device, with ``window_s=RATE_WINDOW_S``) at scrape time; every observer feeds it."""
         self.num_genes = monitor.num_genes
         self.monitor = monitor
-        self.block_rows = int(engine.sampler.block_rows)
+
+    def observe(self, model_id: str, engine: Any, num_genes: int) -> ModelObserver:
+        """The observer of ``model_id``'s ``engine``, and its engine gauges."""
         for name in ("queued_jobs", "active_jobs", "active_rows"):
-            self.engine_gauges.labels(name).set_function(
+            self.engine_gauges.labels(name, model_id).set_function(
                 lambda name=name: float(getattr(engine, name))
             )
+        for series in (
+            self.forwards,
+            self.rows_stepped,
+            self.rows_computed,
+            self.cells,
+            self.cell_forwards,
+            self.genes_committed,
+            self.tokens,
+            self.fallbacks,
+        ):
+            series.labels(model_id)  # each model's series from 0, before its first job
+        return ModelObserver(self, model_id, num_genes, int(engine.sampler.block_rows))
+
+    def forget(self, model_id: str) -> None:
+        """An unloaded model's engine gauges go (its counters stay: they count what it did)."""
+        for name in ("queued_jobs", "active_jobs", "active_rows"):
+            with contextlib.suppress(KeyError):  # never observed
+                self.engine_gauges.remove(name, model_id)
 
     def _padding(self) -> float:
         stepped, computed = self._rows
         return computed / stepped if stepped else 0.0
-
-    # ---- EngineObserver (called on the engine thread) ------------------------------------
-
-    def on_forward(self, rows: int, seconds: float, calls: int = 1) -> None:
-        for _ in range(calls):  # the step's rows, spread over its model calls
-            self.rows_per_forward.observe(rows / calls)
-        self.step_seconds.observe(seconds)
-        self.forwards.inc(calls)
-        computed = calls * self.block_rows
-        self.rows_stepped.inc(rows)
-        self.rows_computed.inc(computed)
-        self._rows = (self._rows[0] + rows, self._rows[1] + computed)
-        if self.monitor is not None:
-            self.monitor.add_forward(rows, calls)
-
-    def on_job_done(self, job: Any, result: Any, outcome: str) -> None:
-        self.jobs.labels(outcome).inc()
-        if result is None:
-            return
-        cells = int(result.tokens.shape[0])
-        self.cells.inc(cells)
-        self.tokens.inc(cells * self.num_genes)
-        self.cell_forwards.inc(result.row_forwards)
-        self.genes_committed.inc(result.genes_committed)
-        if cells:
-            self.forwards_per_cell.observe(result.row_forwards / cells)
-        if self.monitor is not None:
-            self.monitor.add_cells(cells, result.row_forwards, result.genes_committed)
-        if result.fp32_fallbacks:
-            self.fallbacks.inc(result.fp32_fallbacks)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -257,6 +264,47 @@ class _Fixed(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self.families
+
+
+class ModelObserver:
+    """One model's engine observer (``EngineObserver``, called on the engine thread): its series
+    under ``model=<id>``, and the process monitor's rates."""
+
+    def __init__(
+        self, metrics: ServiceMetrics, model_id: str, num_genes: int, block_rows: int
+    ) -> None:
+        self.metrics, self.model_id = metrics, model_id
+        self.num_genes, self.block_rows = num_genes, block_rows  # rows every forward computes
+
+    def on_forward(self, rows: int, seconds: float, calls: int = 1) -> None:
+        m, model = self.metrics, self.model_id
+        for _ in range(calls):  # the step's rows, spread over its model calls
+            m.rows_per_forward.labels(model).observe(rows / calls)
+        m.step_seconds.labels(model).observe(seconds)
+        m.forwards.labels(model).inc(calls)
+        computed = calls * self.block_rows
+        m.rows_stepped.labels(model).inc(rows)
+        m.rows_computed.labels(model).inc(computed)
+        m._rows = (m._rows[0] + rows, m._rows[1] + computed)
+        if m.monitor is not None:
+            m.monitor.add_forward(rows, calls)
+
+    def on_job_done(self, job: Any, result: Any, outcome: str) -> None:
+        m, model = self.metrics, self.model_id
+        m.jobs.labels(outcome, model).inc()
+        if result is None:
+            return
+        cells = int(result.tokens.shape[0])
+        m.cells.labels(model).inc(cells)
+        m.tokens.labels(model).inc(cells * self.num_genes)
+        m.cell_forwards.labels(model).inc(result.row_forwards)
+        m.genes_committed.labels(model).inc(result.genes_committed)
+        if cells:
+            m.forwards_per_cell.labels(model).observe(result.row_forwards / cells)
+        if m.monitor is not None:
+            m.monitor.add_cells(cells, result.row_forwards, result.genes_committed)
+        if result.fp32_fallbacks:
+            m.fallbacks.labels(model).inc(result.fp32_fallbacks)
 
 
 class MetricsMiddleware:
@@ -292,5 +340,7 @@ class MetricsMiddleware:
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             outcome = scope.get("sedd.outcome") or outcome_for_status(status)
-            self.metrics.requests.labels(route, outcome).inc()
-            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+            model = scope.get("sedd.model", "")  # set by the route that picked one
+            self.metrics.requests.labels(route, outcome, model).inc()
+            elapsed = time.perf_counter() - start
+            self.metrics.request_seconds.labels(route, model).observe(elapsed)

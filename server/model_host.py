@@ -85,10 +85,10 @@ class ModelHost:
         service = load_service(
             settings,
             self.metrics,
+            model_id=model_id,
             engine_options=self.group.engine_options(),
             monitored=model_id == self.default_id,
         )
-        service.model_id = model_id
         self.group.add(model_id, service.engine)
         self.services[model_id] = service
         return service
@@ -162,6 +162,7 @@ class ModelHost:
             raise ModelInUse(f"{model_id!r} has requests in flight ({err})") from None
         service = self.services.pop(model_id)
         service.draining = True
+        self.metrics.forget(model_id)
         device = service.loaded.device
         del service
         gc.collect()

@@ -180,7 +180,9 @@ async def job_events(
                 else:
                     getter.cancel()
             result = waiter.result()  # raises the job's failure
-            service.metrics.queue_seconds.labels(route).observe(result.queue_seconds)
+            service.metrics.queue_seconds.labels(route, service.model_id).observe(
+                result.queue_seconds
+            )
             yield Done(result)
         finally:
             if getter is not None and not getter.done():

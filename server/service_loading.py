@@ -27,11 +27,13 @@ def load_service(
     settings: Settings,
     service_metrics: ServiceMetrics,
     *,
+    model_id: str,
     engine_options: dict[str, Any] | None = None,
     monitored: bool = True,
 ) -> Service:
-    """Load ``settings.model``, build (not start) its engine with ``engine_options`` beside the
-    settings' (an ``EngineGroup``'s), and, when ``monitored``, start the app's monitor on it."""
+    """Load ``settings.model`` as ``model_id``, build (not start) its engine with
+    ``engine_options`` beside the settings' (an ``EngineGroup``'s), its series under
+    ``model=<model_id>``, and, when ``monitored``, start the app's monitor on its device."""
     device = settings.resolved_device()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
@@ -57,12 +59,12 @@ def load_service(
         max_queued_jobs=settings.max_queued_jobs,
         max_rows_in_flight=settings.rows_in_flight,
         fair=True,
-        observer=service_metrics,
         forward_cost_s=settings.forward_cost_s,
         whole_blocks=True,  # a full tick computes no padding rows
         **(engine_options or {}),
     )
+    engine.observer = service_metrics.observe(model_id, engine, loaded.config.num_genes)
     if monitored:
         monitor = Monitor(loaded.device, loaded.config.num_genes, window_s=RATE_WINDOW_S).start()
-        service_metrics.attach(engine, monitor)
-    return Service(settings, loaded, precision, engine, service_metrics)
+        service_metrics.attach(monitor)
+    return Service(settings, loaded, precision, engine, service_metrics, model_id=model_id)

@@ -66,6 +66,7 @@ async def _routed(
     now, so a load's wait is part of it."""
     arrived = host.default.engine.clock()
     async with host.serving(body.model) as service:
+        request.scope["sedd.model"] = service.model_id  # the requests' series label
         planned = intake.plan_body(
             service.loaded, service.settings, body, service.engine.clock, arrived=arrived
         )

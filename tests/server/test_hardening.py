@@ -153,7 +153,8 @@ async def test_a_stream_whose_client_leaves_counts_as_cancelled(model_dir: Path)
         await asyncio.wait_for(app(scope, receive, send), timeout=10)
         metrics = app.state.metrics.render().decode()
     assert sent[0]["status"] == 200  # the stream had started
-    assert 'sedd_requests_total{outcome="cancelled",route="/generate/stream"} 1.0' in metrics
+    cancelled = 'sedd_requests_total{model="tiny",outcome="cancelled",route="/generate/stream"} 1.0'
+    assert cancelled in metrics
     assert 'outcome="ok",route="/generate/stream"' not in metrics
 
 

@@ -70,9 +70,9 @@ async def test_our_own_answers_pass_untouched() -> None:
 
 def test_metrics_of_every_replica_merge_under_a_replica_label() -> None:
     a, b = ServiceMetrics(), ServiceMetrics()
-    a.requests.labels(route="/generate", outcome="ok").inc(3)
-    b.requests.labels(route="/generate", outcome="ok").inc(5)
-    b.requests.labels(route="/predict", outcome="rejected").inc()
+    a.requests.labels(route="/generate", outcome="ok", model="m").inc(3)
+    b.requests.labels(route="/generate", outcome="ok", model="m").inc(5)
+    b.requests.labels(route="/predict", outcome="rejected", model="").inc()
     merged = merge_replicas({"r1": a.render(), "r2": b.render()}).decode()
     families = {f.name: f for f in text_string_to_metric_families(merged)}
     samples = {

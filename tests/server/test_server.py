@@ -448,21 +448,23 @@ async def test_metrics_count_requests_by_route_and_outcome(model_dir: Path) -> N
     forwards = ok.json()["metadata"]["forwards"]  # one block of 2 rows per forward here
     assert forwards in (3, 4)  # 3 steps, and the denoise only if a mask was left
     for line in (
-        'sedd_requests_total{outcome="ok",route="/generate"} 1.0',
-        'sedd_requests_total{outcome="rejected",route="/generate"} 1.0',
-        'sedd_queue_seconds_count{route="/generate"} 1.0',
-        'sedd_request_seconds_count{route="/generate"} 2.0',
-        'sedd_jobs_total{outcome="ok"} 1.0',
-        "sedd_cells_generated_total 2.0",
-        "sedd_tokens_generated_total 24.0",
-        f"sedd_forwards_total {forwards:.1f}",
-        f"sedd_rows_per_forward_count {forwards:.1f}",
-        f"sedd_rows_per_forward_sum {2 * forwards:.1f}",
-        f"sedd_step_seconds_count {forwards:.1f}",
-        "sedd_fp32_fallbacks_total 0.0",
+        # every request and engine series names the model that served it ("": none did)
+        'sedd_requests_total{model="tiny",outcome="ok",route="/generate"} 1.0',
+        'sedd_requests_total{model="",outcome="rejected",route="/generate"} 1.0',
+        'sedd_queue_seconds_count{model="tiny",route="/generate"} 1.0',
+        'sedd_request_seconds_count{model="tiny",route="/generate"} 1.0',
+        'sedd_request_seconds_count{model="",route="/generate"} 1.0',
+        'sedd_jobs_total{model="tiny",outcome="ok"} 1.0',
+        'sedd_cells_generated_total{model="tiny"} 2.0',
+        'sedd_tokens_generated_total{model="tiny"} 24.0',
+        f'sedd_forwards_total{{model="tiny"}} {forwards:.1f}',
+        f'sedd_rows_per_forward_count{{model="tiny"}} {forwards:.1f}',
+        f'sedd_rows_per_forward_sum{{model="tiny"}} {2 * forwards:.1f}',
+        f'sedd_step_seconds_count{{model="tiny"}} {forwards:.1f}',
+        'sedd_fp32_fallbacks_total{model="tiny"} 0.0',
         "sedd_cells_per_second 0.0333",  # 2 cells over the one-minute window
         "sedd_tokens_per_second 0.4",  # 2 x 12 tokens / 60 s
-        'sedd_engine{quantity="active_rows"} 0.0',
+        'sedd_engine{model="tiny",quantity="active_rows"} 0.0',
     ):
         assert line in text, line
     samples = _samples(text)

@@ -190,8 +190,8 @@ async def test_deadline_is_504(model_dir: Path) -> None:
         "detail": "the request did not finish within its deadline; ask for fewer cells or "
         "steps, or raise timeout_s (up to the server's request_timeout_s)."
     }
-    assert 'sedd_requests_total{outcome="timeout",route="/generate"} 1.0' in metrics
-    assert 'sedd_jobs_total{outcome="timeout"} 1.0' in metrics
+    assert 'sedd_requests_total{model="tiny",outcome="timeout",route="/generate"} 1.0' in metrics
+    assert 'sedd_jobs_total{model="tiny",outcome="timeout"} 1.0' in metrics
 
 
 async def test_client_disconnect_cancels_the_job(model_dir: Path) -> None:
@@ -232,7 +232,7 @@ async def test_client_disconnect_cancels_the_job(model_dir: Path) -> None:
         }
         await asyncio.wait_for(app(scope, receive, send), timeout=10)
         assert sent[0]["status"] == 499
-        cancelled = 'sedd_jobs_total{outcome="cancelled"} 1.0'
+        cancelled = 'sedd_jobs_total{model="tiny",outcome="cancelled"} 1.0'
         for _ in range(200):  # the engine drops the rows at its next step boundary
             metrics = service.metrics.render().decode()
             if cancelled in metrics:
@@ -240,7 +240,7 @@ async def test_client_disconnect_cancels_the_job(model_dir: Path) -> None:
             await asyncio.sleep(0.02)
         assert service.engine.active_jobs == 0
     assert cancelled in metrics
-    assert 'sedd_requests_total{outcome="cancelled",route="/generate"} 1.0' in metrics
+    assert 'sedd_requests_total{model="tiny",outcome="cancelled",route="/generate"} 1.0' in metrics
 
 
 async def test_nan_for_one_label_fails_only_that_request(nan_model_dir: Path) -> None:

@@ -24,7 +24,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sample(metrics: str, name: str) -> float:
-    [value] = re.findall(rf"^{name} ([0-9.e+]+)$", metrics, re.M)
+    [value] = re.findall(rf"^{name}(?:{{model=\"tiny\"}})? ([0-9.e+]+)$", metrics, re.M)
     return float(value)
 
 
