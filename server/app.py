@@ -64,6 +64,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if host is None:
         host = await asyncio.to_thread(_load_host, settings, app.state.metrics)
     app.state.preloaded = None
+    host.load_hook = getattr(app.state, "model_hook", None)  # a Ray replica's, with --models
     host.group.start()
     service = host.default
     await warm_up(service)  # the forward time, measured before the first request

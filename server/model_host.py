@@ -23,7 +23,7 @@ import gc
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -66,6 +66,9 @@ class ModelHost:
         self._loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self.draining = False
+        # Called with a named model's id before it is served: a Ray replica's multiplexed
+        # loader (``server.ray.replicas``), so Ray's router knows where each model is loaded.
+        self.load_hook: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -122,6 +125,8 @@ class ModelHost:
     @asynccontextmanager
     async def serving(self, model_id: str | None) -> AsyncIterator[Service]:
         """``get``, and the model held (never unloaded) until the block ends."""
+        if model_id is not None and model_id in self.paths and self.load_hook is not None:
+            await self.load_hook(model_id)
         service = await self.get(model_id)
         self.users[service.model_id] += 1
         try:

@@ -48,13 +48,15 @@ OPEN_RAY_ROUTES = frozenset({"/-/healthz"})  # a liveness probe carries no key
 
 def proxy_middlewares() -> list[Middleware]:
     """What Ray's proxy calls at start-up, before it builds its HTTP server: the middlewares it
-    wraps itself in. Its connections get one process's protections here too
-    (``server.ray.proxy_http``)."""
+    wraps itself in (the last, ``ModelHeader``, routes a body's ``"model"`` to a replica that
+    holds it: ``server.ray.model_routing``). Its connections get one process's protections here
+    too (``server.ray.proxy_http``)."""
     from server.ray import proxy_http
+    from server.ray.model_routing import ModelHeader
 
     if proxy_http.in_rays_proxy():  # never in a process of ours (e.g. a test's)
         proxy_http.install()
-    return [Middleware(RayRoutesKey), Middleware(JsonProxyErrors)]
+    return [Middleware(RayRoutesKey), Middleware(JsonProxyErrors), Middleware(ModelHeader)]
 
 
 class RayRoutesKey:

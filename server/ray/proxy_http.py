@@ -54,6 +54,7 @@ def environment(settings: Settings) -> dict[str, str]:
     """The variables that give a proxy these settings' limits, and their API key for Ray's own
     routes (``server.ray.proxy_errors.RayRoutesKey``), set before Ray starts."""
     found = {f"SEDD_{name.upper()}": str(getattr(settings, name)) for name in LIMITS}
+    found["SEDD_MAX_BODY_BYTES"] = str(settings.max_body_bytes)  # model_routing reads bodies
     if settings.api_key is not None:
         found["SEDD_API_KEY"] = settings.api_key.get_secret_value()
     return found

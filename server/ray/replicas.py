@@ -72,6 +72,7 @@ def replica_threads(settings: Settings) -> int:
 
 
 _APP: list[FastAPI] = []  # the app this replica process serves (one)
+_REPLICA: list[Any] = []  # this replica process's deployment instance (with --models)
 
 
 def replica_app(settings: Settings, threads: int) -> FastAPI:
@@ -82,6 +83,8 @@ def replica_app(settings: Settings, threads: int) -> FastAPI:
     app.state.replica = _replica_id()
     app.state.gather_metrics = _gather_metrics
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
+    if settings.models is not None:  # every named model through Ray's multiplexing
+        app.state.model_hook = _multiplexed
     _APP[:] = [app]
     return app
 
@@ -116,6 +119,45 @@ class SeddReplica:
         service = app.state.service
         text = service.metrics.render() if service is not None else b""
         return str(app.state.replica), text
+
+
+async def _multiplexed(model_id: str) -> None:
+    """Load ``model_id`` through the replica's ``@serve.multiplexed`` method, so that Ray's
+    router knows this replica holds it (and Ray's LRU may give it up)."""
+    if _REPLICA:
+        await _REPLICA[0].model(model_id)
+
+
+class HeldModel:
+    """What Ray's multiplexer keeps for a model a replica holds; Ray calls ``__del__`` when its
+    LRU gives the model up, and the host unloads it then, unless a request or job still holds
+    it (the host's own LRU unloads it later)."""
+
+    def __init__(self, host: Any, model_id: str) -> None:
+        self.host, self.model_id = host, model_id
+
+    async def __del__(self) -> None:
+        try:
+            self.host.unload(self.model_id)
+        except Exception as err:  # in use, or the default model: it stays, and that is fine
+            log.info("Ray's LRU gave up model %s; kept loaded here (%s)", self.model_id, err)
+
+
+class MultiplexedReplica(SeddReplica):
+    """A replica of ``sedd serve --replicas N --models DIR``: it loads a named model through a
+    ``serve.multiplexed`` loader of at most ``most`` models (``max_loaded_models``), which is how
+    Ray's router learns which replica holds which model (``server.ray.model_routing``). The
+    loader is built here, in the replica, as Ray's docs allow for a wrapper set up at init: a
+    class built elsewhere would reach Ray pickled with copies of this module's globals."""
+
+    def __init__(self, most: int) -> None:
+        async def held(model_id: str) -> HeldModel:
+            host = _APP[0].state.host
+            await host.get(model_id)
+            return HeldModel(host, model_id)
+
+        self.model = _serve().multiplexed(max_num_models_per_replica=most)(held)
+        _REPLICA[:] = [self]
 
 
 def _in_flight(state: Any) -> int:
@@ -229,8 +271,12 @@ def application(settings: Settings, gpus: float = 0.0) -> Any:
     def build() -> FastAPI:  # Ray builds the app in each replica: a function of no argument
         return replica_app(settings, threads)
 
-    ingress = serve.ingress(build)(SeddReplica)
-    return serve.deployment(**deployment_options(settings, gpus))(ingress).bind()
+    if settings.models is None:
+        ingress = serve.ingress(build)(SeddReplica)
+        return serve.deployment(**deployment_options(settings, gpus))(ingress).bind()
+    ingress = serve.ingress(build)(MultiplexedReplica)
+    deployment = serve.deployment(**deployment_options(settings, gpus))(ingress)
+    return deployment.bind(settings.max_loaded_models)
 
 
 def run(settings: Settings) -> None:

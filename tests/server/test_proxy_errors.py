@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.metrics import ServiceMetrics, merge_replicas
+from server.ray.model_routing import ModelHeader
 from server.ray.proxy_errors import JsonProxyErrors, RayRoutesKey, proxy_middlewares
 
 pytestmark = pytest.mark.anyio
@@ -65,7 +66,7 @@ async def test_our_own_answers_pass_untouched() -> None:
         app = replying(status, b'{"detail": "x"}', [(b"content-type", kind)])
         assert await through(app) == (status, {b"content-type": kind}, b'{"detail": "x"}')
     # the key on Ray's own routes first (test_ray_routes_key.py), then these JSON answers
-    assert [m.cls for m in proxy_middlewares()] == [RayRoutesKey, JsonProxyErrors]
+    assert [m.cls for m in proxy_middlewares()] == [RayRoutesKey, JsonProxyErrors, ModelHeader]
 
 
 def test_metrics_of_every_replica_merge_under_a_replica_label() -> None:
