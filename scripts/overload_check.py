@@ -1,4 +1,4 @@
-"""The service under abuse, over real HTTP: five checks against ``sedd serve`` (real uvicorn,
+"""The service under abuse, over real HTTP: six checks against ``sedd serve`` (real uvicorn,
 the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
 
 1. ``mixed``: 10 clients send requests of 1-6 cells x 3-8 steps with deadlines of 10-40 s, back
@@ -25,7 +25,16 @@ the bundled model, fp32 on the CPU), each a pass or a fail with its figures.
    third is refused: its Retry-After must be within 0.6x and 2.5x (+ 2 s) of the wait the
    queued one really had (it read a fraction of it when priced at the cheaper ticks before).
 
-    .venv/bin/python scripts/overload_check.py                 # all five, 120 s of mixed load
+6. ``models``: ``sedd serve --models DIR`` with the bundled v2 and v1 models (small limits: 8
+   rows a step, 16 in flight, 2 queued, per model). One client sends 1-cell x 3-step requests to
+   v1, first alone for ``--seconds`` / 4 (the baseline), then beside a burst of 8 clients sending
+   4-6 cells x 6-8 steps to v2 back to back. Passes when every v1 request is a 200 with the cells
+   of v1 alone (none refused, none late: one engine thread gives each model a tick a round, so
+   the burst's ticks slow v1's and never stop them) and v2's answers are 200, 429 or 422 with
+   v2's cells. v1's latency beside the burst against its baseline is printed, not judged: it is
+   about a v2 tick over a v1 tick, which depends on the machine.
+
+    .venv/bin/python scripts/overload_check.py                 # all six, 120 s of mixed load
     .venv/bin/python scripts/overload_check.py --only drip
 
 Exits 1 if any check fails. Timings depend on the machine; the pass conditions do not.
@@ -39,8 +48,10 @@ import math
 import random
 import socket
 import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -51,6 +62,8 @@ SMALL_LIMITS = ["--max-rows-per-forward", "8", "--max-rows-in-flight", "16",
                 "--max-queued-jobs", "2"]  # fmt: skip
 BASE = ["--precision", "fp32", "--device", "cpu"]
 HEADER_TIMEOUT_S = 10.0
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"v2": ROOT / "models" / "pbmc_default", "v1": ROOT / "models" / "pbmc_v1"}
 
 
 async def mixed(url: str, seconds: float, clients: int, seed: int) -> tuple[bool, str]:
@@ -260,6 +273,79 @@ async def retry_after(url: str) -> tuple[bool, str]:
     )
 
 
+async def models(url: str, seconds: float, seed: int) -> tuple[bool, str]:
+    """Check 6: a burst on v2 beside a client of small v1 requests (see the docstring)."""
+    rng = random.Random(seed)
+    small: list[tuple[str, dict, int, float, httpx.Response]] = []
+    burst: list[tuple[dict, int, httpx.Response]] = []
+
+    async def ask_v1(c: httpx.AsyncClient, until: float, phase: str) -> None:
+        while time.monotonic() < until:
+            body = {"model": "v1", "num_cells": 1, "steps": 3, "seed": rng.randrange(10**6),
+                    "timeout_s": 60}  # fmt: skip
+            start = time.monotonic()
+            reply = await c.post("/generate", json=body, timeout=90)
+            small.append((phase, body, reply.status_code, time.monotonic() - start, reply))
+
+    async def ask_v2(c: httpx.AsyncClient, until: float) -> None:
+        while time.monotonic() < until:
+            body = {"model": "v2", "num_cells": rng.randint(4, 6), "steps": rng.randint(6, 8),
+                    "seed": rng.randrange(10**6), "timeout_s": 60}  # fmt: skip
+            reply = await c.post("/generate", json=body, timeout=90)
+            burst.append((body, reply.status_code, reply))
+            if reply.status_code == 429:
+                await asyncio.sleep(min(float(reply.headers.get("retry-after", 1)), 5))
+
+    async with httpx.AsyncClient(base_url=url) as c:
+        await ask_v1(c, time.monotonic() + seconds / 4, "alone")
+        until = time.monotonic() + seconds
+        await asyncio.gather(ask_v1(c, until, "burst"), *(ask_v2(c, until) for _ in range(8)))
+    alone = [s for phase, _, status, s, _ in small if phase == "alone" and status == 200]
+    beside = [s for phase, _, status, s, _ in small if phase == "burst" and status == 200]
+    v1_statuses = Counter(status for _, _, status, _, _ in small)
+    v2_statuses = Counter(status for _, status, _ in burst)
+    wrong = _model_cells_differ(
+        [(b, r) for _, b, status, _, r in small if status == 200]
+        + [(b, r) for b, status, r in burst if status == 200][:20]
+    )
+    base_p50 = float(np.percentile(alone, 50)) if alone else math.inf
+    p50, p99 = np.percentile(beside, [50, 99]) if beside else (math.inf, math.inf)
+    passed = set(v1_statuses) == {200} and set(v2_statuses) <= {200, 429, 422} and not wrong
+    return passed, (
+        f"v1 1-cell requests: alone p50 {base_p50:.2f} s ({len(alone)}); beside the v2 burst "
+        f"p50 {p50:.2f} s, p99 {p99:.2f} s ({len(beside)}), p99/alone-p50 "
+        f"{p99 / base_p50:.1f}x; v1 statuses {dict(v1_statuses)}; v2 burst "
+        f"{dict(sorted(v2_statuses.items()))}; 200s whose cells differ from their model alone: "
+        f"{len(wrong)}"
+    )
+
+
+def _model_cells_differ(ok: list[tuple[dict, httpx.Response]]) -> list[dict]:
+    """The bodies of 200s whose cells differ from their own model's ``Model.generate``."""
+    import torch
+
+    import sedd
+
+    torch.set_num_threads(1)
+    loaded = {name: sedd.load(path, device="cpu", precision="fp32")
+              for name, path in MODELS.items()}  # fmt: skip
+    wrong = []
+    for body, reply in ok:
+        model = loaded[body["model"]]
+        alone = model.generate(body["num_cells"], condition=model.default_condition,
+                               steps=body["steps"], seed=body["seed"], progress=False)  # fmt: skip
+        if not np.array_equal(np.array(reply.json()["counts"]), alone.X.toarray()):
+            wrong.append(body)
+    return wrong
+
+
+def _repository(root: Path) -> Path:
+    """A model repository of links to the bundled v2 and v1 models."""
+    for name, path in MODELS.items():
+        (root / name).symlink_to(path.absolute(), target_is_directory=True)
+    return root
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=120.0, help="mixed load duration")
@@ -267,7 +353,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=512, help="drip connections")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=["mixed", "drip", "behind-maximal", "large-bodies",
-                                           "retry-after"])  # fmt: skip
+                                           "retry-after", "models"])  # fmt: skip
     args = parser.parse_args()
     results: list[tuple[str, bool, str]] = []
     if args.only in (None, "mixed"):
@@ -288,6 +374,13 @@ def main() -> int:
                  "--max-queued-jobs", "1"]  # fmt: skip
         with ServeProcess([*BASE, *queue]) as server:
             results.append(("retry-after", *asyncio.run(retry_after(server.url))))
+    if args.only in (None, "models"):
+        with tempfile.TemporaryDirectory() as tmp:
+            flags = [*BASE, *SMALL_LIMITS, "--models", str(_repository(Path(tmp))),
+                     "--default-model", "v2"]  # fmt: skip
+            with ServeProcess(flags) as server:
+                results.append(("models", *asyncio.run(
+                    models(server.url, args.seconds, args.seed))))  # fmt: skip
     for name, passed, figures in results:
         print(f"{'PASS' if passed else 'FAIL'}  {name:15s} {figures}")
     return 0 if all(passed for _, passed, _ in results) else 1
