@@ -70,7 +70,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await warm_up(service)  # the forward time, measured before the first request
     app.state.host, app.state.service = host, service
     log.info("%s", startup_line(service))
-    if settings.models is not None:
+    if settings.serves_many:
         log.info("models: %s (default %s, at most %d loaded)", ", ".join(host.ids),
                  host.default_id, settings.max_loaded_models)  # fmt: skip
         for name, why in host.skipped.items():

@@ -38,6 +38,11 @@ class Settings(BaseSettings):
         'model, each under its name as its id; requests pick one by "model" (default: '
         "default_model); --model is then not served",
     )
+    model_map: dict[str, Path] | None = Field(
+        default=None,
+        description="models named one by one, {id: path} (sedd serve --model ID=PATH, repeated; "
+        "env: JSON), served as --models serves a directory's, beside it if both are given",
+    )
     default_model: str | None = Field(
         default=None,
         description='with models: the id a body without "model" gets (default: the first id '
@@ -201,6 +206,12 @@ class Settings(BaseSettings):
                 f"({self.max_replicas})"
             )
         return self
+
+    @property
+    def serves_many(self) -> bool:
+        """Whether a repository (``models``) or named models (``model_map``) are served, rather
+        than the one ``model``."""
+        return self.models is not None or bool(self.model_map)
 
     @property
     def rows_in_flight(self) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from sedd.checkpoints.repository import model_id_of, model_repository
+from sedd.checkpoints.repository import model_id_of, model_repository, named_models
 from sedd.engine.group import EngineBusy, EngineGroup
 from server.config import Settings
 from server.errors import Draining, ModelInUse, ModelNotServed, ModelsBusy
@@ -46,17 +46,19 @@ class ModelHost:
 
     def __init__(self, settings: Settings, metrics: ServiceMetrics) -> None:
         self.settings, self.metrics = settings, metrics
-        if settings.models is None:
+        if not settings.serves_many:
             self.paths = {model_id_of(settings.model): settings.model}
             self.skipped: dict[str, str] = {}
             self.default_id = next(iter(self.paths))
         else:
-            repository = model_repository(settings.models)
-            self.paths, self.skipped = repository.models, repository.skipped
-            self.default_id = settings.default_model or next(iter(self.paths))
+            found = None if settings.models is None else model_repository(settings.models)
+            found = named_models(settings.model_map or {}, found)  # one of the two is given
+            self.paths, self.skipped = found.models, found.skipped
+            first = next(iter(settings.model_map or found.models))
+            self.default_id = settings.default_model or first
             if self.default_id not in self.paths:
                 raise ValueError(
-                    f"default_model {self.default_id!r} is not in {settings.models} (its ids: "
+                    f"default_model {self.default_id!r} is not a served model (ids: "
                     f"{', '.join(self.paths)}); pass one of them."
                 )
         self.group = EngineGroup()
@@ -82,7 +84,7 @@ class ModelHost:
         """Load ``model_id`` and add its engine to the group (blocking: a worker thread, or
         start-up). The default model feeds the app's monitor gauges."""
         settings = self.settings
-        if settings.models is not None:  # side files belong to the one --model only
+        if settings.serves_many:  # side files belong to the one --model only
             update = {"model": self.paths[model_id], "genes": None, "perturbation_map": None}
             settings = settings.model_copy(update=update | {"vectors": None})
         service = load_service(

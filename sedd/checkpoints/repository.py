@@ -16,7 +16,7 @@ from pathlib import Path
 from sedd.checkpoints.io import CheckpointError
 from sedd.checkpoints.load import detect_layout
 
-__all__ = ["Repository", "model_id_of", "model_repository"]
+__all__ = ["Repository", "model_id_of", "model_repository", "named_models"]
 
 # What an id may hold: it travels in JSON bodies, URLs (/v1/models/{id}) and metric labels.
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -37,6 +37,30 @@ class Repository:
 
     def path(self, model_id: str) -> Path:
         return self.models[model_id]
+
+
+def named_models(paths: dict[str, Path], known: Repository | None = None) -> Repository:
+    """Checkpoints named one by one (``sedd serve --model ID=PATH ...``), beside ``known`` (a
+    repository's); ``ValueError`` naming the id when an id is malformed or taken, or its path is
+    no checkpoint the loader reads."""
+    models = dict(known.models) if known is not None else {}
+    for model_id, path in paths.items():
+        if not _ID.match(model_id):
+            raise ValueError(
+                f"model id {model_id!r} must be 1-128 letters, digits, '.', '_' or '-' starting "
+                "with a letter or digit; pass --model ID=PATH with such an id."
+            )
+        if model_id in models:
+            raise ValueError(
+                f"model id {model_id!r} is given twice ({models[model_id]} and {path}); give "
+                "each model its own id."
+            )
+        try:
+            detect_layout(path)
+        except CheckpointError as err:
+            raise ValueError(f"--model {model_id}={path}: {err}") from None
+        models[model_id] = Path(path).expanduser().absolute()
+    return Repository(models, dict(known.skipped) if known is not None else {})
 
 
 def model_id_of(path: Path) -> str:

@@ -15,6 +15,7 @@ import typing
 from typing import Any
 
 ENV_ONLY = ("api_key",)  # secrets: never a flag
+FROM_MODEL_FLAG = ("model_map",)  # set by repeated --model ID=PATH (or its JSON variable)
 # Other spellings of a setting's flag: the ones `sedd generate` also takes.
 ALIASES = {"model": ["--checkpoint-dir"], "perturbation_map": ["--perturbations-all-file"]}
 SIDE_FILES = ("genes", "perturbation_map", "vectors")  # files the model loads with
@@ -31,10 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "SEDD_API_KEY only (a bearer key every route but /healthz then needs; unset: no key).",
     )
     for name, field in Settings.model_fields.items():
-        if name in ENV_ONLY:
+        if name in ENV_ONLY or name in FROM_MODEL_FLAG:
             continue
         flags = [_flag(name), *ALIASES.get(name, [])]
-        p.add_argument(*flags, dest=name, help=_help(name, field), **_kind(field.annotation))
+        kind = _kind(field.annotation)
+        if name == "model":  # PATH, or ID=PATH repeated: several models by name
+            kind = {"action": "append", "metavar": "PATH|ID=PATH"}
+        p.add_argument(*flags, dest=name, help=_help(name, field), **kind)
     p.set_defaults(func=run)
 
 
@@ -66,6 +70,32 @@ def _kind(annotation: Any) -> dict[str, Any]:
     return {"type": annotation, "metavar": metavar}
 
 
+def _models_named(values: list[str] | None) -> dict[str, Any]:
+    """``--model PATH`` (one model, as always; given twice, the last) or ``--model ID=PATH``
+    repeated (``model_map``, in the order given: the first is the default unless
+    --default-model says otherwise)."""
+    from pathlib import Path
+
+    if not values:
+        return {}
+    named = [v for v in values if "=" in v]
+    if not named:  # the last one wins, as for every other flag given twice
+        return {"model": Path(values[-1])}
+    if len(named) != len(values):
+        plain = [v for v in values if "=" not in v]
+        raise ValueError(
+            f"--model {plain[0]} has no id while other --model flags do; write every one as "
+            "--model ID=PATH."
+        )
+    found: dict[str, Path] = {}
+    for value in named:
+        model_id, _, path = value.partition("=")
+        if model_id in found:
+            raise ValueError(f"--model {value}: the id {model_id!r} is given twice.")
+        found[model_id] = Path(path)
+    return {"model_map": found}
+
+
 def run(args: argparse.Namespace) -> int:
     # The web stack is imported here, so other commands do not pay for it.
     import logging
@@ -76,14 +106,16 @@ def run(args: argparse.Namespace) -> int:
     from server.config import Settings
     from server.serve import serve
 
-    names = [name for name in Settings.model_fields if name not in ENV_ONLY]
+    skip = (*ENV_ONLY, *FROM_MODEL_FLAG, "model")  # --model: one path, or ID=PATH repeated
+    names = [name for name in Settings.model_fields if name not in skip]
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    overrides.update(_models_named(args.model))
     try:
         settings = Settings(**overrides)
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
         raise ValueError(f"invalid settings: {problems}") from None
-    if not settings.model.exists():
+    if not settings.serves_many and not settings.model.exists():
         raise FileNotFoundError(f"no model at {settings.model}; pass --model PATH.")
     for name in SIDE_FILES:  # here, before a replica or the app tries to read them
         path = getattr(settings, name)

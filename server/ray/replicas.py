@@ -83,7 +83,7 @@ def replica_app(settings: Settings, threads: int) -> FastAPI:
     app.state.replica = _replica_id()
     app.state.gather_metrics = _gather_metrics
     app.add_middleware(ReplicaHeader, replica=app.state.replica)
-    if settings.models is not None:  # every named model through Ray's multiplexing
+    if settings.serves_many:  # every named model through Ray's multiplexing
         app.state.model_hook = _multiplexed
     _APP[:] = [app]
     return app
@@ -271,7 +271,7 @@ def application(settings: Settings, gpus: float = 0.0) -> Any:
     def build() -> FastAPI:  # Ray builds the app in each replica: a function of no argument
         return replica_app(settings, threads)
 
-    if settings.models is None:
+    if not settings.serves_many:
         ingress = serve.ingress(build)(SeddReplica)
         return serve.deployment(**deployment_options(settings, gpus))(ingress).bind()
     ingress = serve.ingress(build)(MultiplexedReplica)

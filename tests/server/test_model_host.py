@@ -6,7 +6,9 @@ model's small requests served; admin load and unload."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -147,3 +149,40 @@ async def test_admin_load_and_unload_are_off_by_default_and_refuse_work_in_fligh
     assert unknown.status_code == 404
     assert busy.status_code == 409 and "in flight" in busy.json()["detail"]
     assert unloaded.status_code == 200 and listed["loaded"] is False
+
+
+def test_models_named_one_by_one_on_the_command_line(
+    repository: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sedd.cli import main
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr("server.serve.serve", lambda app, settings: seen.update(app=app))
+    argv = ["serve", "--model", f"g={repository / 'gamma'}", "--model", f"a={repository / 'alpha'}"]
+    with contextlib.redirect_stdout(None):
+        assert main([*argv, "--device", "cpu", "--precision", "fp32"]) == 0
+    host = seen["app"].state.preloaded
+    assert host.ids == ["a", "g"] and host.default_id == "g"  # the first named is the default
+    assert list(host.services) == ["g"]  # loaded before anything listens
+    errors = {
+        "mixed": ["--model", f"a={repository / 'alpha'}", "--model", str(repository / "beta")],
+        "twice": ["--model", f"a={repository / 'alpha'}", "--model", f"a={repository / 'beta'}"],
+        "not a model": ["--model", f"n={repository / 'notes.txt'}"],
+        "bad id": ["--model", f"a b={repository / 'alpha'}"],
+    }
+    for name, flags in errors.items():
+        assert main(["serve", *flags, "--device", "cpu"]) == 2, name
+        said = capsys.readouterr().err
+        assert said.startswith("sedd serve: error:") and "--model" in said, (name, said)
+        assert len(said.strip().splitlines()) == 1, said  # one line, no traceback
+
+
+async def test_named_models_route_by_their_ids(repository: Path) -> None:
+    named = {"one": repository / "beta", "two": repository / "gamma"}
+    settings = make_settings(repository / "alpha", model_map=named)
+    async with served(settings) as (client, _):
+        default = await client.post("/generate", json=BODY)
+        two = await client.post("/generate", json={**BODY, "model": "two"})
+    assert default.json()["metadata"]["model"] == "one"
+    np.testing.assert_array_equal(np.asarray(default.json()["counts"]), _alone(named["one"]))
+    np.testing.assert_array_equal(np.asarray(two.json()["counts"]), _alone(named["two"]))
