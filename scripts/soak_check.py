@@ -58,7 +58,7 @@ def _jobs(url: str) -> dict[str, float]:
 def _idle(url: str, timeout_s: float = 30.0) -> bool:
     """Whether the engine has no job and no row left within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    pattern = re.compile(r'^sedd_engine\{quantity="(\w+)"\} ([0-9.e+]+)$', re.M)
+    pattern = re.compile(r'^sedd_engine\{model="[^"]*",quantity="(\w+)"\} ([0-9.e+]+)$', re.M)
     while time.monotonic() < deadline:
         gauges = dict(pattern.findall(httpx.get(f"{url}/metrics", timeout=10).text))
         if all(float(gauges.get(k, 1)) == 0 for k in ("queued_jobs", "active_jobs", "active_rows")):
