@@ -50,6 +50,9 @@ def _help(name: str, field: Any) -> str:
     default = field.default
     if name == "model":
         default = "the bundled models/pbmc_default"
+        what = (f"{field.description}; or ID=PATH, repeated, to serve several models by id "
+                "(JSON {id: path} in env SEDD_MODEL_MAP, default none); ")  # fmt: skip
+        return f"{what}env SEDD_MODEL, default {default}".replace("%", "%%")
     shown = "none" if default is None else default
     what = f"{field.description}; " if field.description else ""
     return f"{what}env SEDD_{name.upper()}, default {shown}".replace("%", "%%")

@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sedd.checkpoints import LoadedModel
+from sedd.eval.gene_metrics import METRIC_SCALES
 from sedd.eval.metrics import MIN_GROUP_CELLS, evaluate_counts
 from sedd.io.read import GeneAlignmentWarning, align_genes, read_counts, read_h5ad_safely
 
@@ -127,6 +128,7 @@ def perturbseq_metrics(
     )
     return {
         "inputs": {"generated": str(generated), "generated_cells": gen.n_obs},
+        "scale": METRIC_SCALES,
         **reference.describe(),
         **result,
     }

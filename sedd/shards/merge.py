@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from sedd.io.cell_writer import CellWriter
 from sedd.io.files import sha256_file, write_json_atomic
 from sedd.io.read import read_h5ad_safely
+from sedd.io.write import COUNT_SCALE
 from sedd.shards.manifest import (
     REQUEST_FILE,
     SHARD_DIR,
@@ -186,6 +187,7 @@ def _summary(out: Path, entries: list[dict[str, Any]], request: dict[str, Any]) 
     cells = sum(int(e["cells"]) for e in entries)
     return {
         "output": str(out),
+        "scale": COUNT_SCALE,  # what the merged file's .X holds
         "cells": cells,
         "shards": len(entries),
         "timings": {

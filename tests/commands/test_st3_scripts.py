@@ -118,6 +118,7 @@ def test_perturbseq_script_evaluates_against_held_out_test_cells(tmp_path: Path)
     # GENE_Z is not a model label: only the shared ones are predicted
     assert sorted(set(adata.obs["perturbation"])) == ["GENE_A", "non-targeting"]
     metrics = json.loads((out_dir / "distribution_metrics.json").read_text())
+    assert metrics["scale"]["input"] == "counts"
     assert metrics["reference"]["cells"] == 18 and metrics["reference"]["split"]["value"] == "test"
     assert metrics["overall"]["n_real"] == 12 and metrics["overall"]["n_gen"] == 12
     assert set(metrics["per_condition"]) == {"GENE_A", "GENE_Z", "non-targeting"}

@@ -195,6 +195,8 @@ def test_four_shards_merged_equal_one_shard_run_cell_for_cell(
     assert entry["cell_range"] == [3, 5] and entry["cells"] == 2 and entry["seed"] == 7
     assert main(["merge", str(out_dir), "--out", str(tmp_path / "merged.h5ad")]) == 0
     _assert_same_cells(reference, tmp_path / "merged.h5ad")
+    summary = json.loads((tmp_path / "merged.metrics.json").read_text())
+    assert summary["scale"] == "counts" and summary["cells"] == 9  # says what .X holds
     # merging again is refused (the merged file is a result), and with --overwrite gives the same
     merged = tmp_path / "merged.h5ad"
     first = merged.stat().st_mtime_ns
