@@ -186,3 +186,19 @@ async def test_named_models_route_by_their_ids(repository: Path) -> None:
     assert default.json()["metadata"]["model"] == "one"
     np.testing.assert_array_equal(np.asarray(default.json()["counts"]), _alone(named["one"]))
     np.testing.assert_array_equal(np.asarray(two.json()["counts"]), _alone(named["two"]))
+
+
+async def test_rays_lru_giving_a_model_up_never_unloads_one_in_use(repository: Path) -> None:
+    from server.ray.replicas import HeldModel  # what Ray's multiplexer holds, and gives up
+
+    async with served(make_settings(repository / "alpha", models=repository)) as (client, app):
+        host = app.state.host
+        assert (await client.post("/generate", json={**BODY, "model": "beta"})).status_code == 200
+        host.users["beta"] += 1  # a request holds beta while Ray's LRU gives it up
+        await HeldModel(host, "beta").__del__()
+        kept = "beta" in host.services
+        host.users["beta"] -= 1
+        await HeldModel(host, "beta").__del__()
+        await HeldModel(host, "alpha").__del__()  # the default model: never unloaded
+        after = list(host.services)
+    assert kept and after == ["alpha"]
