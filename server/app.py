@@ -40,6 +40,7 @@ from server.runner import warm_up
 from server.state import Service
 
 log = logging.getLogger("sedd.server")
+ADMIN_PATHS = ("/v1/models/{model_id}/load", "/v1/models/{model_id}/unload")  # --model-admin
 
 
 def preload(app: FastAPI) -> Service:
@@ -197,6 +198,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             single = host is not None and len(host.ids) == 1
             config = service.loaded.config if service is not None and single else None
             schema = apply_auth(apply_limits(schema, settings, config), settings)
+            if not settings.model_admin:  # routes that answer 403 are not advertised
+                for path in ADMIN_PATHS:
+                    schema["paths"].pop(path, None)
             if service is None:
                 return schema  # before start-up: no model names yet, so do not cache
             app.openapi_schema = schema

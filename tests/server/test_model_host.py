@@ -133,7 +133,9 @@ async def test_admin_load_and_unload_are_off_by_default_and_refuse_work_in_fligh
 ) -> None:
     async with served(make_settings(repository / "alpha", models=repository)) as (client, _):
         off = await client.post("/v1/models/beta/load")
+        hidden = (await client.get("/openapi.json")).json()["paths"]
     assert off.status_code == 403 and "--model-admin" in off.json()["detail"]
+    assert not [path for path in hidden if path.endswith(("/load", "/unload"))]  # not advertised
     settings = make_settings(repository / "alpha", models=repository, model_admin=True)
     async with served(settings) as (client, app):
         loaded = await client.post("/v1/models/beta/load")
@@ -144,6 +146,8 @@ async def test_admin_load_and_unload_are_off_by_default_and_refuse_work_in_fligh
         app.state.host.users["beta"] -= 1
         unloaded = await client.post("/v1/models/beta/unload")
         listed = (await client.get("/v1/models/beta")).json()
+        shown = (await client.get("/openapi.json")).json()["paths"]
+    assert "/v1/models/{model_id}/unload" in shown
     assert loaded.status_code == 200 and loaded.json()["loaded"] is True
     assert default.status_code == 409 and "default model" in default.json()["detail"]
     assert unknown.status_code == 404
